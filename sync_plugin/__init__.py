@@ -1,0 +1,1 @@
+"""sync_plugin."""
