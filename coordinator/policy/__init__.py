@@ -1,1 +1,35 @@
-"""policy."""
+"""The pure scheduling policy: placement (Algorithm 1), intra-group schedule, offline optimum.
+
+Importing this package registers the built-in policies by name (see `api.create_policy`).
+"""
+
+from rollmux.coordinator.policy.api import (
+    PlacementDecision,
+    PlacementPolicy,
+    PolicyConfig,
+    PolicyError,
+    Rejection,
+    RejectReason,
+    Strategy,
+    create_policy,
+    register_policy,
+    registered_policies,
+)
+from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.state import ClusterState, GroupState
+
+__all__ = [
+    "ClusterState",
+    "GroupState",
+    "PlacementDecision",
+    "PlacementPolicy",
+    "PolicyConfig",
+    "PolicyError",
+    "RejectReason",
+    "Rejection",
+    "RollMuxPolicy",
+    "Strategy",
+    "create_policy",
+    "register_policy",
+    "registered_policies",
+]

@@ -1,0 +1,129 @@
+"""Contracts of the scheduling policy: config, decisions, rejections, the policy protocol.
+
+Policies are pure: they read a `ClusterState` snapshot and a job and return a
+`PlacementDecision`; they never touch a clock, Redis, gRPC or unseeded randomness. Rejections are
+values carrying a reason code and a message, so an operator can ask why a job went where it went.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from rollmux.errors import RollMuxError, SpecError
+from rollmux.model import JobSpec
+
+if TYPE_CHECKING:
+    from rollmux.coordinator.policy.state import ClusterState
+
+
+class PolicyError(RollMuxError):
+    """The policy was called with inputs it cannot work on (a bug in the caller)."""
+
+
+class UnknownPolicyError(PolicyError, KeyError):
+    """A policy name that is not registered."""
+
+
+class Strategy(str, Enum):
+    """How a job is placed (paper Fig. 5)."""
+
+    DIRECT_PACKING = "direct-packing"  # existing rollout nodes only; delta cost 0
+    ROLLOUT_SCALING = "rollout-scaling"  # some new rollout nodes; the training pool is never grown
+    ISOLATED = "isolated"  # a new group with the job's own N_R + N_T GPUs
+
+
+class RejectReason(str, Enum):
+    """Why a candidate group or placement was not taken."""
+
+    SATURATED = "saturated"  # T_load >= T_cycle already (Algorithm 1, line 4)
+    GROUP_FULL = "group-full"  # max group size reached
+    TRAIN_POOL = "train-pool"  # the job needs more training GPUs than the group's pool has
+    HOST_DRAM = "host-dram"  # resident state would not fit a node's host DRAM
+    SLO = "slo"  # simulated co-execution would break a member's SLO
+    NOT_EVALUATED = "not-evaluated"  # an earlier group already offered a zero-cost placement
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    group_id: str
+    strategy: Strategy | None  # None when the whole group was pruned
+    reason: RejectReason
+    message: str
+
+    def __str__(self) -> str:
+        how = f" ({self.strategy.value})" if self.strategy else ""
+        return f"{self.group_id}{how}: {self.reason.value}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyConfig:
+    """Knobs of the placement policy."""
+
+    max_group_size: int = 5  # most jobs one group may hold (host-memory residency in the simulator)
+    slo_tolerance: float = 1e-9  # relative slack when comparing T_coexec with SLO * T_solo
+    horizon: int | None = None  # meta-iterations simulated per SLO check (None: by group size)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_group_size, int) or self.max_group_size < 1:
+            raise SpecError(f"max_group_size={self.max_group_size!r} is invalid: expected an integer >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementDecision:
+    """Where a job goes, at what marginal cost, and why every other candidate lost."""
+
+    job: str
+    strategy: Strategy
+    group_id: str | None  # target group; None = a new isolated group
+    rollout_nodes: tuple[str, ...]  # existing rollout node ids the job is pinned to
+    new_rollout_nodes: int  # rollout nodes to provision and pin the job to as well
+    new_train_nodes: int  # training nodes to provision (isolated groups only)
+    delta_usd_per_h: float  # marginal cost: Cost(G') - Cost(G)
+    t_coexec_s: dict[str, float] = field(default_factory=dict)  # member -> predicted period after placement
+    rejections: tuple[Rejection, ...] = ()
+
+    def explain(self) -> str:
+        """One line per candidate: the choice first, then each rejection."""
+        where = self.group_id or "new group"
+        lines = [f"{self.job} -> {where} by {self.strategy.value}: +${self.delta_usd_per_h:,.2f}/h "
+                 f"(pins {len(self.rollout_nodes)} existing + {self.new_rollout_nodes} new rollout nodes)"]
+        lines += [f"  rejected {r}" for r in self.rejections]
+        return "\n".join(lines)
+
+
+class PlacementPolicy(Protocol):
+    """Inter-group placement: decide where an arriving job goes. Must not mutate `state`."""
+
+    name: str
+
+    def place(self, job: JobSpec, state: ClusterState) -> PlacementDecision: ...
+
+
+_REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
+
+
+def register_policy(name: str, factory: Callable[..., PlacementPolicy]) -> None:
+    """Make a policy available by name to the simulator, benchmarks and coordinator."""
+    _REGISTRY[name] = factory
+
+
+def create_policy(name: str, **kwargs: object) -> PlacementPolicy:
+    """Build a registered policy by name (the built-ins register on import of `policy`)."""
+    import rollmux.coordinator.policy  # noqa: F401  (registers the built-ins)
+
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise UnknownPolicyError(
+            f"policy {name!r} is not registered: expected one of {sorted(_REGISTRY)}. "
+            "Did you forget to call `register_policy`?") from None
+    return factory(**kwargs)
+
+
+def registered_policies() -> list[str]:
+    import rollmux.coordinator.policy  # noqa: F401
+
+    return sorted(_REGISTRY)

@@ -1,0 +1,163 @@
+"""The offline optimum for small instances: the cheapest partition of a job set into groups.
+
+All jobs are known and present at once. A group's cheapest configuration trains on
+max(N_T) GPUs and uses the fewest rollout nodes for which some pinning of its jobs keeps every
+node's DRAM within capacity and every member within its SLO under the round-robin schedule
+(the same simulation as the online policy). Group costs are memoised per subset; subsets whose
+sub-subset is infeasible are skipped (removing a job never lengthens anyone's period nor adds
+state), and a dynamic programme over bitmasks picks the cheapest partition.
+
+Exponential by nature: refuse more than `MAX_OPT_JOBS` jobs with a clear error.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rollmux.coordinator.policy.api import PolicyConfig, PolicyError
+from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
+
+from rollmux.model import ClusterSpec, JobSpec, Pool
+
+MAX_OPT_JOBS = 14
+
+
+class InstanceTooLargeError(PolicyError):
+    """The offline optimum was asked for an instance it cannot solve in reasonable time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimalGroup:
+    jobs: tuple[str, ...]
+    rollout_nodes: int
+    train_nodes: int
+    pinning: dict[str, tuple[int, ...]]  # job -> rollout node indices
+    usd_per_h: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimalPartition:
+    groups: tuple[OptimalGroup, ...]
+    usd_per_h: float
+
+
+def _feasible_pinning(jobs: Sequence[JobSpec], train_gpus: int, m: int, cluster: ClusterSpec,
+                      config: PolicyConfig) -> dict[str, tuple[int, ...]] | None:
+    """Depth-first search for a pinning of `jobs` on `m` rollout nodes; None if none is feasible."""
+    dram = cluster.host_dram_bytes
+    need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
+    t_train = [j.t_train_s * j.n_train_gpus / train_gpus for j in jobs]  # type: ignore[operator]
+    budgets = [j.slo * j.t_solo_s * (1 + config.slo_tolerance) for j in jobs]
+    used = [0] * m
+    load = [0.0] * m
+    chosen: list[tuple[int, ...]] = []
+
+    def check() -> bool:
+        timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=t, rollout_nodes=nodes)  # type: ignore[arg-type]
+                   for j, t, nodes in zip(jobs, t_train, chosen)]
+        periods = simulate_round_robin(timings, iterations=config.horizon).periods_s
+        return all(periods[j.name] <= b for j, b in zip(jobs, budgets))
+
+    def dfs(i: int, touched: int) -> bool:
+        if i == len(jobs):
+            return check()
+        j = jobs[i]
+        # Untouched nodes are interchangeable: only the first few of them are worth trying.
+        pool = list(range(min(m, touched + need[i])))
+        for combo in itertools.combinations(pool, need[i]):
+            if any(used[n] + j.rollout_state_bytes >= dram for n in combo):  # type: ignore[operator]
+                continue
+            if any(load[n] + j.t_roll_s > min(budgets) for n in combo):  # type: ignore[operator]
+                continue
+            for n in combo:
+                used[n] += j.rollout_state_bytes  # type: ignore[operator]
+                load[n] += j.t_roll_s  # type: ignore[operator]
+            chosen.append(combo)
+            ok = dfs(i + 1, max(touched, max(combo) + 1))
+            if ok:
+                return True
+            chosen.pop()
+            for n in combo:
+                used[n] -= j.rollout_state_bytes  # type: ignore[operator]
+                load[n] -= j.t_roll_s  # type: ignore[operator]
+        return False
+
+    if dfs(0, 0):
+        return {j.name: c for j, c in zip(jobs, chosen)}
+    return None
+
+
+def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: PolicyConfig) -> OptimalGroup | None:
+    """The cheapest feasible configuration of one group holding exactly `jobs`, or None."""
+    train_nodes = max(cluster.nodes_for(j.n_train_gpus) for j in jobs)
+    train_gpus = train_nodes * cluster.gpus_per_node
+    if sum(j.train_state_bytes for j in jobs) >= cluster.host_dram_bytes:  # type: ignore[misc]
+        return None
+    t_train = [j.t_train_s * j.n_train_gpus / train_gpus for j in jobs]  # type: ignore[operator]
+    lower = max(sum(t_train), max(j.t_roll_s + t for j, t in zip(jobs, t_train)))  # type: ignore[operator]
+    if lower > min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance):
+        return None
+    need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
+    for m in range(max(need), sum(need) + 1):
+        pinning = _feasible_pinning(jobs, train_gpus, m, cluster, config)
+        if pinning is not None:
+            cost = m * cluster.node_usd_per_h(Pool.ROLLOUT) + train_nodes * cluster.node_usd_per_h(Pool.TRAIN)
+            return OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
+                                pinning=pinning, usd_per_h=cost)
+    return None
+
+
+def _isolated(job: JobSpec, cluster: ClusterSpec) -> OptimalGroup:
+    r, t = cluster.nodes_for(job.n_rollout_gpus), cluster.nodes_for(job.n_train_gpus)
+    return OptimalGroup(jobs=(job.name,), rollout_nodes=r, train_nodes=t, pinning={job.name: tuple(range(r))},
+                        usd_per_h=r * cluster.node_usd_per_h(Pool.ROLLOUT) + t * cluster.node_usd_per_h(Pool.TRAIN))
+
+
+def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = None,
+                      config: PolicyConfig | None = None) -> OptimalPartition:
+    """Minimum-cost partition of `jobs` (resolved) into feasible groups.
+
+    Raises:
+        InstanceTooLargeError: more than MAX_OPT_JOBS jobs.
+    """
+    cluster = cluster or ClusterSpec()
+    config = config or PolicyConfig()
+    n = len(jobs)
+    if n > MAX_OPT_JOBS:
+        raise InstanceTooLargeError(f"the offline optimum handles at most {MAX_OPT_JOBS} jobs, got {n}: "
+                                    "use a smaller trace or drop 'opt' from the policies")
+    if n == 0:
+        return OptimalPartition(groups=(), usd_per_h=0.0)
+    group_of: dict[int, OptimalGroup | None] = {}
+    infeasible: list[int] = []
+    by_size = sorted(range(1, 1 << n), key=lambda s: bin(s).count("1"))
+    for mask in by_size:
+        if bin(mask).count("1") > config.max_group_size or any(mask & bad == bad for bad in infeasible):
+            continue
+        members = [jobs[i] for i in range(n) if mask >> i & 1]
+        g = cheapest_group(members, cluster, config) if len(members) > 1 else _isolated(members[0], cluster)
+        group_of[mask] = g
+        if g is None:
+            infeasible.append(mask)
+    best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for mask in range(1, 1 << n):
+        low = mask & -mask
+        rest = mask ^ low
+        choice: tuple[float, tuple[int, ...]] | None = None
+        sub = rest
+        while True:
+            grp = sub | low
+            g = group_of.get(grp)
+            if g is not None:
+                cost = g.usd_per_h + best[mask ^ grp][0]
+                if choice is None or cost < choice[0]:
+                    choice = (cost, (grp, *best[mask ^ grp][1]))
+            if sub == 0:
+                break
+            sub = (sub - 1) & rest
+        assert choice is not None, "every single job is feasible alone"
+        best[mask] = choice
+    total, masks = best[(1 << n) - 1]
+    return OptimalPartition(groups=tuple(group_of[m] for m in masks), usd_per_h=total)  # type: ignore[misc]

@@ -1,0 +1,226 @@
+"""The policy's view of the cluster: groups with incrementally kept summaries.
+
+`ClusterState` is the snapshot a policy reads and the record a decision is applied to. Each
+`GroupState` keeps T_cycle, the training load, per-node rollout load and DRAM use, and the
+tightest SLO budget up to date on every join and leave, so a placement never recomputes all
+groups. Applying a decision checks the safety invariants (DRAM within capacity, membership
+consistent) before it returns.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
+from rollmux.coordinator.policy.intra_group import MemberTiming
+
+from rollmux.model import ClusterSpec, Group, JobSpec, Placement, Pool
+
+
+@dataclass(slots=True)
+class RolloutNodeState:
+    node_id: str
+    host_dram_bytes: int  # capacity
+    dram_used_bytes: int = 0  # resident state of pinned jobs
+    load_s: float = 0.0  # sum of T_roll of pinned jobs
+    jobs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Member:
+    spec: JobSpec  # resolved (times and state bytes present)
+    rollout_nodes: tuple[str, ...]
+    t_train_in_group_s: float  # T_train stretched to the group's training pool
+
+    @property
+    def t_roll_s(self) -> float:
+        assert self.spec.t_roll_s is not None
+        return self.spec.t_roll_s
+
+    @property
+    def budget_s(self) -> float:
+        """SLO x T_solo: the longest co-execution iteration this member accepts."""
+        return self.spec.slo * self.spec.t_solo_s
+
+    def timing(self) -> MemberTiming:
+        return MemberTiming(name=self.spec.name, t_roll_s=self.t_roll_s, t_train_s=self.t_train_in_group_s,
+                            rollout_nodes=self.rollout_nodes)
+
+
+class GroupState:
+    """One co-execution group and its cached summaries."""
+
+    __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
+                 "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "max_node_load_s",
+                 "_cluster")
+
+    def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
+                 train_dram_bytes: int) -> None:
+        self.group_id = group_id
+        self._cluster = cluster
+        self.train_nodes = train_nodes
+        self.train_gpus = len(train_nodes) * cluster.gpus_per_node
+        self.train_dram_bytes = train_dram_bytes  # capacity of the smallest training node
+        self.train_dram_used_bytes = 0
+        self.rollout: dict[str, RolloutNodeState] = {}
+        self.members: dict[str, Member] = {}
+        self.train_load_s = 0.0
+        self.t_cycle_s = 0.0
+        self.min_budget_s = float("inf")
+        self.max_node_load_s = 0.0
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def t_load_s(self) -> float:
+        return max(self.train_load_s, self.max_node_load_s)
+
+    @property
+    def saturated(self) -> bool:
+        """Algorithm 1, line 4: prune when T_load >= T_cycle."""
+        return bool(self.members) and self.t_load_s >= self.t_cycle_s
+
+    @property
+    def usd_per_h(self) -> float:
+        c = self._cluster
+        return len(self.rollout) * c.node_usd_per_h(Pool.ROLLOUT) + len(self.train_nodes) * c.node_usd_per_h(Pool.TRAIN)
+
+    def timings(self) -> list[MemberTiming]:
+        return [m.timing() for m in self.members.values()]
+
+    def stretched_train_s(self, job: JobSpec) -> float:
+        """Train time when the job's data parallelism stretches to this group's pool (linear)."""
+        assert job.t_train_s is not None
+        return job.t_train_s * job.n_train_gpus / self.train_gpus
+
+    # -- mutation ------------------------------------------------------------------------------
+    def add_rollout_node(self, node_id: str, host_dram_bytes: int) -> None:
+        if node_id in self.rollout:
+            raise PolicyError(f"rollout node {node_id} is already in group {self.group_id}")
+        self.rollout[node_id] = RolloutNodeState(node_id=node_id, host_dram_bytes=host_dram_bytes)
+
+    def add_member(self, job: JobSpec, rollout_nodes: tuple[str, ...]) -> None:
+        assert job.rollout_state_bytes is not None and job.train_state_bytes is not None
+        member = Member(spec=job, rollout_nodes=rollout_nodes, t_train_in_group_s=self.stretched_train_s(job))
+        self.members[job.name] = member
+        for n in rollout_nodes:
+            node = self.rollout[n]
+            node.jobs.append(job.name)
+            node.load_s += member.t_roll_s
+            node.dram_used_bytes += job.rollout_state_bytes
+            self.max_node_load_s = max(self.max_node_load_s, node.load_s)
+        self.train_dram_used_bytes += job.train_state_bytes
+        self.train_load_s += member.t_train_in_group_s
+        self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
+        self.min_budget_s = min(self.min_budget_s, member.budget_s)
+
+    def remove_member(self, name: str) -> list[str]:
+        """Remove a member; returns the rollout nodes left empty (released)."""
+        member = self.members.pop(name)
+        job = member.spec
+        released = []
+        for n in member.rollout_nodes:
+            node = self.rollout[n]
+            node.jobs.remove(name)
+            node.load_s -= member.t_roll_s
+            node.dram_used_bytes -= job.rollout_state_bytes or 0
+            if not node.jobs:
+                del self.rollout[n]
+                released.append(n)
+        self.train_dram_used_bytes -= job.train_state_bytes or 0
+        self.train_load_s -= member.t_train_in_group_s
+        ms = list(self.members.values())
+        self.t_cycle_s = max((m.t_roll_s + m.t_train_in_group_s for m in ms), default=0.0)
+        self.min_budget_s = min((m.budget_s for m in ms), default=float("inf"))
+        self.max_node_load_s = max((r.load_s for r in self.rollout.values()), default=0.0)
+        return released
+
+    def check_invariants(self) -> None:
+        """DRAM within capacity on every node; node job lists match member placements."""
+        for node in self.rollout.values():
+            if node.dram_used_bytes > node.host_dram_bytes:
+                raise PolicyError(f"{self.group_id}: rollout node {node.node_id} holds {node.dram_used_bytes} "
+                                  f"bytes of state > {node.host_dram_bytes} DRAM")
+            for j in node.jobs:
+                if node.node_id not in self.members[j].rollout_nodes:
+                    raise PolicyError(f"{self.group_id}: node {node.node_id} lists {j} which is not pinned there")
+        if self.train_dram_used_bytes > self.train_dram_bytes:
+            raise PolicyError(f"{self.group_id}: training nodes hold {self.train_dram_used_bytes} bytes "
+                              f"> {self.train_dram_bytes} DRAM")
+
+    def snapshot(self) -> Group:
+        return Group(group_id=self.group_id, jobs=tuple(self.members),
+                     rollout_nodes=tuple(self.rollout), train_nodes=self.train_nodes,
+                     placements=tuple(Placement(job=n, rollout_nodes=m.rollout_nodes)
+                                      for n, m in self.members.items()),
+                     usd_per_h=self.usd_per_h)
+
+
+NodeAllocator = Callable[[Pool, int], list[str]]
+"""(pool, count) -> ids of fresh nodes to provision."""
+
+
+class ClusterState:
+    """All groups, in creation order (Algorithm 1 breaks ties toward the earlier group)."""
+
+    def __init__(self, cluster: ClusterSpec | None = None) -> None:
+        self.cluster = cluster or ClusterSpec()
+        self.groups: dict[str, GroupState] = {}
+        self.job_group: dict[str, str] = {}
+        self._group_seq = itertools.count()
+        self._node_seq = itertools.count()
+
+    @property
+    def usd_per_h(self) -> float:
+        return sum(g.usd_per_h for g in self.groups.values())
+
+    def gpus_in_use(self, pool: Pool) -> int:
+        per = self.cluster.gpus_per_node
+        if pool is Pool.ROLLOUT:
+            return sum(len(g.rollout) for g in self.groups.values()) * per
+        return sum(len(g.train_nodes) for g in self.groups.values()) * per
+
+    def _fresh_nodes(self, pool: Pool, count: int) -> list[str]:
+        prefix = "r" if pool is Pool.ROLLOUT else "t"
+        return [f"{prefix}{next(self._node_seq)}" for _ in range(count)]
+
+    def apply(self, job: JobSpec, decision: PlacementDecision, allocate: NodeAllocator | None = None) -> GroupState:
+        """Carry out a decision; `allocate` names new nodes (default: synthetic ids)."""
+        if job.name in self.job_group:
+            raise PolicyError(f"job {job.name} is already placed in {self.job_group[job.name]}")
+        if decision.job != job.name:
+            raise PolicyError(f"decision is for {decision.job}, not {job.name}")
+        alloc = allocate or self._fresh_nodes
+        dram = self.cluster.host_dram_bytes
+        if decision.strategy is Strategy.ISOLATED:
+            gid = f"g{next(self._group_seq)}"
+            group = GroupState(gid, self.cluster, tuple(alloc(Pool.TRAIN, decision.new_train_nodes)), dram)
+            self.groups[gid] = group
+        else:
+            assert decision.group_id is not None
+            group = self.groups[decision.group_id]
+        new_ids = alloc(Pool.ROLLOUT, decision.new_rollout_nodes) if decision.new_rollout_nodes else []
+        for n in new_ids:
+            group.add_rollout_node(n, dram)
+        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids))
+        group.check_invariants()
+        self.job_group[job.name] = group.group_id
+        return group
+
+    def remove_job(self, name: str) -> list[str]:
+        """Job departure: remove it and release emptied nodes (whole group when empty)."""
+        gid = self.job_group.pop(name)
+        group = self.groups[gid]
+        released = group.remove_member(name)
+        if not group.members:
+            released += list(group.train_nodes) + list(group.rollout)
+            del self.groups[gid]
+        return released
+
+    def snapshot(self) -> list[Group]:
+        return [g.snapshot() for g in self.groups.values()]
+
+    def members(self) -> Iterable[Member]:
+        for g in self.groups.values():
+            yield from g.members.values()

@@ -1,0 +1,5 @@
+import sys
+
+from rollmux.cli import main
+
+sys.exit(main())

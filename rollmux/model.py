@@ -1,0 +1,287 @@
+"""The domain model shared by every part of RollMux: GPU catalog, nodes, job specs, groups.
+
+Everything here is plain, immutable data validated on construction. The scheduling policy, the
+simulator and the coordinator all speak these types; protobuf and CSV stay at the edges.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from rollmux.errors import SpecError
+
+GB = 10**9
+"""Bytes in a (decimal) gigabyte, the unit the paper's Table 2 uses."""
+
+TB = 10**12
+
+
+class Pool(str, Enum):
+    """The two GPU pools a cluster pair offers."""
+
+    ROLLOUT = "rollout"  # inference GPUs (e.g. H20): memory-bandwidth bound generation
+    TRAIN = "train"  # training GPUs (e.g. H800): compute-bound optimisation
+
+
+class Phase(str, Enum):
+    """Phases of one RL iteration, in on-policy order: Rollout(i) -> Train(i) -> Sync(i)."""
+
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+    SYNC = "sync"
+
+
+def _require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
+    """Raise a SpecError naming the field, the bad value and the allowed range."""
+    if not cond:
+        raise SpecError(f"{field_name}={value!r} is invalid: expected {allowed}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(value: Any, name: str, *, integer: bool = False) -> None:
+    if integer:
+        _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                 name, value, "a positive integer")
+    else:
+        _require(_is_number(value) and value > 0, name, value, "a positive finite number")
+
+
+def _non_negative(value: Any, name: str) -> None:
+    _require(_is_number(value) and value >= 0, name, value, "a finite number >= 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU catalog
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuType:
+    """One GPU model and what it costs."""
+
+    name: str  # catalog key, e.g. "H20"
+    tflops: float  # dense BF16/FP16 TFLOPS
+    hbm_gb: float  # device memory, GB
+    hbm_tb_s: float  # device memory bandwidth, TB/s
+    usd_per_gpu_h: float  # rental price, $ per GPU-hour
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and bool(self.name), "gpu.name", self.name, "a non-empty string")
+        for attr in ("tflops", "hbm_gb", "hbm_tb_s", "usd_per_gpu_h"):
+            _positive(getattr(self, attr), f"gpu[{self.name}].{attr}")
+
+
+# Paper Table 1 for H20 and H800. The others are public spec-sheet figures (dense BF16) with
+# indicative on-demand cloud list prices as of 2025; override them with a YAML file for your fleet.
+DEFAULT_GPUS: tuple[GpuType, ...] = (
+    GpuType(name="H20", tflops=148.0, hbm_gb=96.0, hbm_tb_s=4.0, usd_per_gpu_h=1.85),
+    GpuType(name="H800", tflops=989.5, hbm_gb=80.0, hbm_tb_s=3.35, usd_per_gpu_h=5.28),
+    GpuType(name="H100", tflops=989.5, hbm_gb=80.0, hbm_tb_s=3.35, usd_per_gpu_h=4.50),  # list price
+    GpuType(name="H200", tflops=989.5, hbm_gb=141.0, hbm_tb_s=4.8, usd_per_gpu_h=5.00),  # list price
+    GpuType(name="A100", tflops=312.0, hbm_gb=80.0, hbm_tb_s=2.0, usd_per_gpu_h=2.50),  # list price
+    GpuType(name="L40S", tflops=362.0, hbm_gb=48.0, hbm_tb_s=0.864, usd_per_gpu_h=1.20),  # list price
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCatalog:
+    """GPU types by name. Defaults from the paper's Table 1, overridable from YAML."""
+
+    gpus: Mapping[str, GpuType]
+
+    @classmethod
+    def default(cls) -> GpuCatalog:
+        return cls({g.name: g for g in DEFAULT_GPUS})
+
+    def __getitem__(self, name: str) -> GpuType:
+        try:
+            return self.gpus[name]
+        except KeyError:
+            raise SpecError(
+                f"gpu_type={name!r} is not in the GPU catalog: expected one of {sorted(self.gpus)} "
+                "(add it with a catalog YAML file)"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.gpus
+
+    def with_overrides(self, entries: Mapping[str, Mapping[str, Any]]) -> GpuCatalog:
+        """A catalog where `entries` (name -> fields) replace or extend the current types."""
+        merged = dict(self.gpus)
+        for name, fields in entries.items():
+            if not isinstance(fields, Mapping):
+                raise SpecError(f"gpu catalog entry {name!r}={fields!r} is invalid: expected a mapping")
+            base = merged.get(name)
+            values = {"tflops": None, "hbm_gb": None, "hbm_tb_s": None, "usd_per_gpu_h": None}
+            if base is not None:
+                values.update(tflops=base.tflops, hbm_gb=base.hbm_gb, hbm_tb_s=base.hbm_tb_s,
+                              usd_per_gpu_h=base.usd_per_gpu_h)
+            unknown = set(fields) - set(values)
+            if unknown:
+                raise SpecError(f"gpu catalog entry {name!r} has unknown fields {sorted(unknown)}: "
+                                f"expected {sorted(values)}")
+            values.update(fields)
+            merged[name] = GpuType(name=name, **values)  # type: ignore[arg-type]
+        return GpuCatalog(merged)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> GpuCatalog:
+        """Defaults overridden by a YAML mapping `{gpus: {NAME: {tflops, hbm_gb, hbm_tb_s, usd_per_gpu_h}}}`."""
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, Mapping) or not isinstance(data.get("gpus", {}), Mapping):
+            raise SpecError(f"{path}: expected a mapping with a 'gpus' mapping at top level")
+        return cls.default().with_overrides(data.get("gpus", {}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Cluster layout
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """The shape of new nodes in each pool: what the policy provisions when it scales."""
+
+    rollout_gpu: str = "H20"  # GPU type of the rollout pool
+    train_gpu: str = "H800"  # GPU type of the training pool
+    gpus_per_node: int = 8  # GPUs per node, both pools
+    host_dram_bytes: int = 2 * TB  # host DRAM per node (warm-start cache lives here)
+    catalog: GpuCatalog = field(default_factory=GpuCatalog.default)
+
+    def __post_init__(self) -> None:
+        _positive(self.gpus_per_node, "cluster.gpus_per_node", integer=True)
+        _positive(self.host_dram_bytes, "cluster.host_dram_bytes", integer=True)
+        self.catalog[self.rollout_gpu]  # noqa: B018  (validates the name)
+        self.catalog[self.train_gpu]  # noqa: B018
+
+    def gpu_for(self, pool: Pool) -> GpuType:
+        return self.catalog[self.rollout_gpu if pool is Pool.ROLLOUT else self.train_gpu]
+
+    def node_usd_per_h(self, pool: Pool) -> float:
+        """Price of one whole node of `pool`."""
+        return self.gpus_per_node * self.gpu_for(pool).usd_per_gpu_h
+
+    def nodes_for(self, gpus: int) -> int:
+        """Whole nodes needed to host `gpus` GPUs."""
+        return -(-gpus // self.gpus_per_node)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """A physical (or simulated) node of one pool."""
+
+    node_id: str  # unique across the cluster
+    pool: Pool
+    gpu_type: str  # key into the GPU catalog
+    gpu_count: int = 8
+    host_dram_bytes: int = 2 * TB  # host memory available for cached job state
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.node_id, str) and bool(self.node_id), "node.node_id", self.node_id,
+                 "a non-empty string")
+        _require(isinstance(self.pool, Pool), "node.pool", self.pool, "Pool.ROLLOUT or Pool.TRAIN")
+        _positive(self.gpu_count, f"node[{self.node_id}].gpu_count", integer=True)
+        _positive(self.host_dram_bytes, f"node[{self.node_id}].host_dram_bytes", integer=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Jobs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What a user submits: one synchronous on-policy RL job.
+
+    Phase times are *worst-case solo* times (every response at max tokens) on the job's own
+    N_R rollout and N_T training GPUs; the profiler fills them when they are not given.
+    """
+
+    name: str  # unique job name
+    n_rollout_gpus: int  # N_R
+    n_train_gpus: int  # N_T
+    slo: float = 1.2  # max slowdown vs solo, >= 1 (1.2 = at most 20% slower)
+    model_params_b: float = 7.0  # model size, billions of parameters
+    max_tokens: int = 8192  # max response tokens (per turn)
+    batch_size: int = 256  # prompts x samples per iteration
+    turns: int = 1  # 1 = single-turn; > 1 = multi-turn agentic
+    rollout_state_bytes: int | None = None  # resident host state per rollout node (None: Table 2 default)
+    train_state_bytes: int | None = None  # resident host state per training node (None: Table 2 default)
+    t_roll_s: float | None = None  # worst-case solo rollout time, s (None: profiler estimate)
+    t_train_s: float | None = None  # worst-case solo train time incl. sync, s (None: profiler estimate)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and bool(self.name), "job.name", self.name, "a non-empty string")
+        p = f"job[{self.name}]"
+        _positive(self.n_rollout_gpus, f"{p}.n_rollout_gpus", integer=True)
+        _positive(self.n_train_gpus, f"{p}.n_train_gpus", integer=True)
+        _require(_is_number(self.slo) and self.slo >= 1.0, f"{p}.slo", self.slo, "a number >= 1.0")
+        _positive(self.model_params_b, f"{p}.model_params_b")
+        _positive(self.max_tokens, f"{p}.max_tokens", integer=True)
+        _positive(self.batch_size, f"{p}.batch_size", integer=True)
+        _positive(self.turns, f"{p}.turns", integer=True)
+        for attr in ("rollout_state_bytes", "train_state_bytes"):
+            v = getattr(self, attr)
+            if v is not None:
+                _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{p}.{attr}", v,
+                         "an integer >= 0 (bytes)")
+        for attr in ("t_roll_s", "t_train_s"):
+            v = getattr(self, attr)
+            if v is not None:
+                _positive(v, f"{p}.{attr}")
+
+    @property
+    def has_times(self) -> bool:
+        return self.t_roll_s is not None and self.t_train_s is not None
+
+    @property
+    def t_solo_s(self) -> float:
+        """T_solo = T_roll + T_train (worst case, alone on its own GPUs)."""
+        if self.t_roll_s is None or self.t_train_s is None:
+            raise SpecError(f"job[{self.name}] has no phase times: resolve it with the profiler first")
+        return self.t_roll_s + self.t_train_s
+
+    def validate_for(self, cluster: ClusterSpec) -> None:
+        """Check that this job can run at all on `cluster` (state fits a node's DRAM)."""
+        for attr in ("rollout_state_bytes", "train_state_bytes"):
+            v = getattr(self, attr)
+            if v is not None and v > cluster.host_dram_bytes:
+                raise SpecError(
+                    f"job[{self.name}].{attr}={v} exceeds a node's host DRAM "
+                    f"({cluster.host_dram_bytes} bytes): expected <= {cluster.host_dram_bytes}"
+                )
+
+
+# ----------------------------------------------------------------------------------------------
+# Groups (read-only snapshot; the policy keeps its own incremental state)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where one job of a group runs: its pinned rollout nodes; it trains on all training nodes."""
+
+    job: str  # job name
+    rollout_nodes: tuple[str, ...]  # node ids, in the group's rollout pool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Group:
+    """A co-execution group: jobs time-sharing one rollout pool and one training pool."""
+
+    group_id: str
+    jobs: tuple[str, ...]  # job names in round-robin order (arrival order)
+    rollout_nodes: tuple[str, ...]
+    train_nodes: tuple[str, ...]
+    placements: tuple[Placement, ...]
+    usd_per_h: float  # Cost(G): price of every GPU in the group
