@@ -1,0 +1,22 @@
+"""RollMux: phase-level multiplexing of synchronous RL post-training jobs.
+
+The in-process API (`rollmux.init`, `rollmux.phase`, `rollmux.runtime_hook`,
+`rollmux.register_state`) lives in `rollmux.sidecar.shim` and is imported on first use, so
+`import rollmux` stays cheap and never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_SHIM_API = ("init", "phase", "runtime_hook", "register_state", "shutdown")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SHIM_API:
+        from rollmux.sidecar import shim
+
+        return getattr(shim, name)
+    raise AttributeError(f"module 'rollmux' has no attribute {name!r}")
