@@ -1,0 +1,552 @@
+"""Warm-start state cache: park a job's device state in host buffers between phases, bring it back.
+
+At a phase boundary the shim offloads the job's registered state (module parameters, buffers and
+gradients, optimizer state such as Adam's ``exp_avg``, loose tensors) into host buffers that were
+allocated once for the job, releases the device memory, and on the next permit reloads it. After a
+reload every tensor holds the same bytes as before (bitwise), at the same shapes, strides and views.
+
+How it is fast (see shared/reference/offload_sidecar.md, section 3):
+
+- Pin once. Host buffers are chunks of ``chunk_bytes`` (pinned when CUDA is available) allocated the
+  first time they are needed (or up front with :meth:`StateCache.reserve`) and reused every phase;
+  they grow only if the registered state grows (Adam's state appears after the first step).
+- Chunked copies on several streams. The state is laid out as one byte stream cut into chunk-sized
+  segments; on CUDA the segments are issued round-robin on ``num_streams`` side streams with
+  ``non_blocking`` copies and one synchronisation at the end. On CPU the same plan runs as plain
+  chunked copies, so the tests cover the same logic.
+- Free by storage. Offload resizes each registered tensor's storage to zero bytes and reload resizes it
+  back, so views, tied weights and ``nn.Parameter`` objects stay valid, and on CPU the released memory
+  is real (it shows up in ``device_bytes()`` and the process RSS).
+
+The lifecycle is an explicit state machine (:data:`TRANSITIONS`); :meth:`StateCache.offload` and
+:meth:`StateCache.reload` are idempotent, and a failed copy rolls back to the previous stable state.
+
+Torch is imported inside functions only: the sidecar daemon imports this package without torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rollmux.errors import RollMuxError
+
+if TYPE_CHECKING:
+    import torch
+
+MiB = 1 << 20
+DEFAULT_CHUNK_BYTES = 64 * MiB
+"""Copy granularity and host-buffer chunk size: 64-512 MiB keeps PCIe at line rate (reference, section 3)."""
+
+
+class StateCacheError(RollMuxError):
+    """Base class of every error the state cache raises on purpose."""
+
+
+class IllegalTransitionError(StateCacheError):
+    """A state change that :data:`TRANSITIONS` does not allow (e.g. reload while offloading)."""
+
+
+class RegistrationError(StateCacheError, ValueError):
+    """A registered object cannot be cached as given (wrong state, device or tensor kind)."""
+
+
+class CacheState(str, enum.Enum):
+    """Where a job's registered state lives.
+
+    RESIDENT and OFFLOADED are stable; OFFLOADING and LOADING last only while a copy runs, so seeing
+    one of them from another call means two callers raced (or a process died mid-copy).
+    """
+
+    RESIDENT = "resident"  # on the device; host buffers (if any) hold stale bytes
+    OFFLOADING = "offloading"  # device -> host copy running; device copy still valid
+    OFFLOADED = "offloaded"  # host buffers hold the state; device storages released
+    LOADING = "loading"  # device storages reallocated, host -> device copy running
+
+
+S = CacheState
+TRANSITIONS: dict[CacheState, frozenset[CacheState]] = {
+    S.RESIDENT: frozenset(
+        {
+            S.OFFLOADING,  # offload() called at the end of a phase: device -> host copies begin
+        }
+    ),
+    S.OFFLOADING: frozenset(
+        {
+            S.OFFLOADED,  # every segment is on the host and every device storage was resized to 0
+            S.RESIDENT,  # the copy failed before any storage was released: the device copy is intact
+        }
+    ),
+    S.OFFLOADED: frozenset(
+        {
+            S.LOADING,  # reload() called on a permit: device storages reallocated, host -> device begins
+        }
+    ),
+    S.LOADING: frozenset(
+        {
+            S.RESIDENT,  # every segment is back on the device: the phase may run
+            S.OFFLOADED,  # reload failed (e.g. device OOM): storages released again, host copy intact
+        }
+    ),
+}
+"""The whole state machine: state -> states it may move to, each edge commented with its cause."""
+del S
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    """One entry of :attr:`StateCache.history`."""
+
+    src: CacheState  # state before the change
+    dst: CacheState  # state after the change
+    time_ns: int  # clock reading when the change happened
+    detail: str = ""  # why (the error that caused a rollback, for example)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyStats:
+    """What one offload or reload did and how long it took."""
+
+    direction: str  # "offload" (device -> host) or "reload" (host -> device)
+    nbytes: int  # bytes copied (0 for a no-op)
+    copy_s: float  # seconds spent in the chunked copies alone
+    total_s: float  # seconds for the whole call, including releasing or reallocating device memory
+    segments: int  # number of chunk-sized copies issued
+    noop: bool = False  # True when the call found the state already where it was asked to go
+
+    @property
+    def copy_gbps(self) -> float:
+        """Copy bandwidth in GB/s (1e9 bytes), 0 for a no-op."""
+        return self.nbytes / self.copy_s / 1e9 if self.copy_s > 0 else 0.0
+
+    @property
+    def total_gbps(self) -> float:
+        """End-to-end bandwidth in GB/s (1e9 bytes), 0 for a no-op."""
+        return self.nbytes / self.total_s / 1e9 if self.total_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One chunk-sized copy between a device storage and a host chunk."""
+
+    entry: int  # index of the storage in the layout
+    src_offset: int  # byte offset inside that storage
+    chunk: int  # index of the host chunk
+    dst_offset: int  # byte offset inside that chunk
+    nbytes: int  # bytes to copy
+
+
+def plan_segments(sizes: Iterable[int], chunk_bytes: int, alignment: int = 512) -> tuple[list[Segment], int]:
+    """Lay storages out back to back in a byte stream and cut the stream at chunk boundaries.
+
+    Each storage starts at an ``alignment``-byte boundary of the stream; a storage that crosses a chunk
+    boundary (or is larger than a chunk) becomes several segments. Pure function: no torch.
+
+    Args:
+        sizes: byte size of each storage, in layout order.
+        chunk_bytes: size of one host chunk.
+        alignment: start alignment of each storage in the stream.
+
+    Returns:
+        The segments in stream order and the stream length in bytes (the host capacity needed).
+
+    Raises:
+        ValueError: chunk_bytes or alignment is not positive, or chunk_bytes is not a multiple of alignment.
+    """
+    if chunk_bytes <= 0 or alignment <= 0 or chunk_bytes % alignment:
+        raise ValueError(
+            f"chunk_bytes={chunk_bytes} must be a positive multiple of alignment={alignment}; "
+            f"use e.g. {DEFAULT_CHUNK_BYTES}"
+        )
+    segments: list[Segment] = []
+    pos = 0
+    for entry, size in enumerate(sizes):
+        pos = -(-pos // alignment) * alignment
+        done = 0
+        while done < size:
+            chunk, offset = divmod(pos, chunk_bytes)
+            n = min(size - done, chunk_bytes - offset)
+            segments.append(Segment(entry, done, chunk, offset, n))
+            done += n
+            pos += n
+    return segments, pos
+
+
+@dataclass(kw_only=True, slots=True)
+class StateCacheConfig:
+    """Knobs of a :class:`StateCache`."""
+
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """Host chunk size and copy granularity, in bytes."""
+    num_streams: int = 4
+    """CUDA side streams the segments are spread over (ignored on CPU)."""
+    pin_memory: bool | None = None
+    """Pin host chunks; None means: when CUDA is available and the cache's device is a GPU."""
+    alignment: int = 512
+    """Start alignment of each storage inside the host stream, in bytes."""
+    empty_cache: bool = True
+    """On CUDA, hand freed blocks back to the driver after offload so another job can use them."""
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes <= 0 or self.alignment <= 0 or self.chunk_bytes % self.alignment:
+            raise ValueError(
+                f"chunk_bytes={self.chunk_bytes} must be a positive multiple of alignment={self.alignment}"
+            )
+        if self.num_streams < 1:
+            raise ValueError(f"num_streams={self.num_streams} must be at least 1")
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One distinct device storage in the layout of the current offload."""
+
+    name: str  # first registered name that reached this storage (for error messages)
+    storage: Any  # torch.UntypedStorage, shared by every tensor viewing it
+    nbytes: int  # its size while resident
+
+
+@dataclass(slots=True)
+class _Source:
+    """A registered object and how to enumerate its tensors."""
+
+    name: str
+    tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]] = field(repr=False)
+
+
+class StateCache:
+    """One job's (one rank's) warm-start cache of device state in host buffers.
+
+    Usage::
+
+        cache = StateCache("job-7")
+        cache.register_module("policy", model)
+        cache.register_optimizer("adam", optimizer)
+        cache.register_tensor("rng", rng_state)
+        ...  # run a phase
+        cache.offload()   # device memory released, state in (pinned) host buffers
+        ...  # another job uses the device
+        cache.reload()    # state back, bitwise identical
+        cache.release()   # end of job: drop the host buffers
+
+    Args:
+        job_id: for messages and history.
+        device: the device whose memory is cached; None infers it from the registered tensors at the
+            first offload (a GPU if any tensor is on one, else the CPU).
+        config: knobs; defaults if None.
+        clock: nanosecond clock for the history (injected by tests).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        device: str | torch.device | None = None,
+        config: StateCacheConfig | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.job_id = job_id
+        self.config = config or StateCacheConfig()
+        self._device: Any = None if device is None else _torch().device(device)
+        self._clock = clock
+        self._state = CacheState.RESIDENT
+        self._history: list[TransitionRecord] = []
+        self._sources: list[_Source] = []
+        self._chunks: list[torch.Tensor] = []  # host buffers, each a flat uint8 tensor
+        self._entries: list[_Entry] = []  # layout of the last offload
+        self._segments: list[Segment] = []
+        self._streams: list[Any] = []
+        self.host_allocations = 0
+        """How many host chunks were ever allocated (stays put across phases once warm)."""
+
+    # ----------------------------------------------------------------------------------- state
+
+    @property
+    def state(self) -> CacheState:
+        """The current state."""
+        return self._state
+
+    @property
+    def history(self) -> tuple[TransitionRecord, ...]:
+        """Every transition so far, oldest first."""
+        return tuple(self._history)
+
+    def transition(self, dst: CacheState, detail: str = "") -> None:
+        """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
+
+        Args:
+            dst: the next state.
+            detail: why, stored in the history.
+
+        Raises:
+            IllegalTransitionError: the edge is not in the table (including staying in the same state).
+        """
+        dst = CacheState(dst)
+        if dst not in TRANSITIONS[self._state]:
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self._state]))
+            raise IllegalTransitionError(
+                f"state cache of job {self.job_id!r}: cannot go from {self._state.value!r} to {dst.value!r} "
+                f"(allowed from {self._state.value!r}: {allowed}). Another offload/reload is probably "
+                "running on this cache; call offload()/reload() from one thread only."
+            )
+        self._history.append(TransitionRecord(self._state, dst, self._clock(), detail))
+        self._state = dst
+
+    # ---------------------------------------------------------------------------- registration
+
+    def register_module(self, name: str, module: torch.nn.Module, *, include_grads: bool = True) -> None:
+        """Cache a module's parameters and buffers (and gradients that exist at offload time).
+
+        Raises:
+            RegistrationError: the cache is not resident, or the name is taken.
+        """
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for pname, param in module.named_parameters():
+                yield pname, param
+                if include_grads and param.grad is not None:
+                    yield f"{pname}.grad", param.grad
+            yield from module.named_buffers()
+
+        self._add(name, tensors)
+
+    def register_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Cache an optimizer's state tensors (e.g. Adam ``exp_avg``/``exp_avg_sq``/``step``).
+
+        The parameters themselves belong to the module: register it too. State that appears later
+        (Adam creates it at the first step) is picked up at each offload.
+
+        Raises:
+            RegistrationError: the cache is not resident, or the name is taken.
+        """
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            torch = _torch()
+            for i, per_param in enumerate(optimizer.state.values()):
+                for key, value in per_param.items():
+                    if torch.is_tensor(value):
+                        yield f"{i}.{key}", value
+
+        self._add(name, tensors)
+
+    def register_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Cache one loose tensor (its whole storage).
+
+        Raises:
+            RegistrationError: the cache is not resident, the name is taken, or it is not a tensor.
+        """
+        if not _torch().is_tensor(tensor):
+            raise RegistrationError(f"register_tensor({name!r}) got a {type(tensor).__name__}, not a tensor")
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            yield "", tensor
+
+        self._add(name, tensors)
+
+    def _add(self, name: str, tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
+        if self._state is not CacheState.RESIDENT:
+            raise RegistrationError(
+                f"state cache of job {self.job_id!r} is {self._state.value!r}; register {name!r} while the "
+                "state is resident (reload() first)"
+            )
+        if any(s.name == name for s in self._sources):
+            raise RegistrationError(
+                f"name {name!r} is already registered with the cache of job {self.job_id!r}"
+            )
+        self._sources.append(_Source(name, tensors))
+
+    # ------------------------------------------------------------------------------ accounting
+
+    def host_bytes(self) -> int:
+        """Bytes of host memory held by this cache's buffers (pinned where CUDA is available)."""
+        return sum(c.numel() for c in self._chunks)
+
+    def device_bytes(self) -> int:
+        """Bytes of device memory held by the registered storages right now (0 once offloaded)."""
+        if self._state is CacheState.OFFLOADED:
+            return sum(e.storage.nbytes() for e in self._entries)
+        return sum(e.nbytes for e in self._collect())
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the host chunks are (or will be) pinned."""
+        if self.config.pin_memory is not None:
+            return self.config.pin_memory
+        torch = _torch()
+        return bool(torch.cuda.is_available()) and (self._device is None or self._device.type == "cuda")
+
+    def reserve(self, nbytes: int) -> None:
+        """Allocate host buffers for ``nbytes`` now (at admission) rather than at the first offload.
+
+        Pinning is slow (about 1-3 GB/s), so doing it before the first phase boundary keeps it off the
+        critical path.
+        """
+        self._ensure_capacity(nbytes)
+
+    def release(self) -> None:
+        """Drop the host buffers (end of job). The cache can still be used; buffers come back on demand.
+
+        Raises:
+            StateCacheError: the state is not resident, so the buffers hold the only copy.
+        """
+        if self._state is not CacheState.RESIDENT:
+            raise StateCacheError(
+                f"state cache of job {self.job_id!r} is {self._state.value!r}: its host buffers hold the only "
+                "copy of the state; reload() before release()"
+            )
+        self._chunks = []
+        self._entries, self._segments = [], []
+
+    # -------------------------------------------------------------------------- offload/reload
+
+    def offload(self) -> CopyStats:
+        """Copy the registered state to host buffers and release its device memory. Idempotent.
+
+        Returns:
+            What was copied and how long it took (``noop=True`` if already offloaded).
+
+        Raises:
+            IllegalTransitionError: an offload or reload is already running.
+            RegistrationError: a registered tensor cannot be cached (external or mixed-device storage).
+        """
+        if self._state is CacheState.OFFLOADED:
+            return CopyStats("offload", 0, 0.0, 0.0, 0, noop=True)
+        start = time.perf_counter()
+        self.transition(CacheState.OFFLOADING)
+        try:
+            entries = self._collect()
+            segments, total = plan_segments(
+                [e.nbytes for e in entries], self.config.chunk_bytes, self.config.alignment
+            )
+            self._ensure_capacity(total)
+            copy_start = time.perf_counter()
+            self._copy(entries, segments, to_host=True)
+            copy_s = time.perf_counter() - copy_start
+        except BaseException as exc:
+            self.transition(CacheState.RESIDENT, f"offload failed: {exc!r}")
+            raise
+        self._entries, self._segments = entries, segments
+        for e in entries:
+            e.storage.resize_(0)
+        if self._device.type == "cuda" and self.config.empty_cache:
+            _torch().cuda.empty_cache()
+        self.transition(CacheState.OFFLOADED, f"{sum(e.nbytes for e in entries)} bytes")
+        return CopyStats(
+            "offload", sum(e.nbytes for e in entries), copy_s, time.perf_counter() - start, len(segments)
+        )
+
+    def reload(self) -> CopyStats:
+        """Reallocate the device storages and copy the state back. Idempotent.
+
+        Returns:
+            What was copied and how long it took (``noop=True`` if already resident).
+
+        Raises:
+            IllegalTransitionError: an offload or reload is already running.
+        """
+        if self._state is CacheState.RESIDENT:
+            return CopyStats("reload", 0, 0.0, 0.0, 0, noop=True)
+        start = time.perf_counter()
+        self.transition(CacheState.LOADING)
+        try:
+            for e in self._entries:
+                e.storage.resize_(e.nbytes)
+            copy_start = time.perf_counter()
+            self._copy(self._entries, self._segments, to_host=False)
+            copy_s = time.perf_counter() - copy_start
+        except BaseException as exc:
+            for e in self._entries:
+                e.storage.resize_(0)
+            self.transition(CacheState.OFFLOADED, f"reload failed: {exc!r}")
+            raise
+        nbytes = sum(e.nbytes for e in self._entries)
+        self.transition(CacheState.RESIDENT, f"{nbytes} bytes")
+        return CopyStats("reload", nbytes, copy_s, time.perf_counter() - start, len(self._segments))
+
+    # -------------------------------------------------------------------------------- internals
+
+    def _collect(self) -> list[_Entry]:
+        """The distinct device storages reachable from the registered objects, in registration order."""
+        torch = _torch()
+        found: dict[int, _Entry] = {}
+        devices: dict[Any, str] = {}
+        for source in self._sources:
+            for tname, t in source.tensors():
+                name = f"{source.name}.{tname}" if tname else source.name
+                if self._device is not None and t.device != self._device:
+                    continue  # e.g. Adam's CPU "step" counter beside GPU state: it holds no device memory
+                devices.setdefault(t.device, name)
+                storage = t.untyped_storage()
+                if storage.nbytes() == 0 or storage.data_ptr() in found:
+                    continue  # empty, or a view/tied weight of a storage already listed
+                if not storage.resizable():
+                    raise RegistrationError(
+                        f"tensor {name!r} of job {self.job_id!r} uses external memory (not resizable), so its "
+                        "device memory cannot be released; register a tensor that owns its storage (clone it)"
+                    )
+                found[storage.data_ptr()] = _Entry(name, storage, storage.nbytes())
+        if self._device is None:
+            if len(devices) > 1:
+                listed = ", ".join(f"{n!r} on {d}" for d, n in devices.items())
+                raise RegistrationError(
+                    f"job {self.job_id!r} registered tensors on several devices ({listed}); use one StateCache "
+                    "per device, or pass device= to cache only one of them"
+                )
+            self._device = next(iter(devices), torch.device("cpu"))
+            return self._collect() if len(devices) == 1 else list(found.values())
+        return list(found.values())
+
+    def _ensure_capacity(self, nbytes: int) -> None:
+        """Grow the host chunks to hold ``nbytes``; never shrinks, so steady state allocates nothing."""
+        torch = _torch()
+        chunk = self.config.chunk_bytes
+        have = self.host_bytes()
+        if nbytes <= have:
+            return
+        pin = self.pinned
+        # Chunks are full-sized except possibly the last; a short last chunk is replaced when growing.
+        if self._chunks and self._chunks[-1].numel() < chunk:
+            self._chunks.pop()
+        while self.host_bytes() < nbytes:
+            size = min(
+                chunk, -(-(nbytes - self.host_bytes()) // self.config.alignment) * self.config.alignment
+            )
+            self._chunks.append(torch.empty(size, dtype=torch.uint8, pin_memory=pin))
+            self.host_allocations += 1
+
+    def _copy(self, entries: list[_Entry], segments: list[Segment], *, to_host: bool) -> None:
+        torch = _torch()
+        views = [_byte_view(e.storage, e.nbytes, self._device) for e in entries]
+        if self._device.type != "cuda":
+            for s in segments:
+                dev = views[s.entry][s.src_offset : s.src_offset + s.nbytes]
+                host = self._chunks[s.chunk][s.dst_offset : s.dst_offset + s.nbytes]
+                (host if to_host else dev).copy_(dev if to_host else host)
+            return
+        if not self._streams:
+            self._streams = [torch.cuda.Stream(self._device) for _ in range(self.config.num_streams)]
+        current = torch.cuda.current_stream(self._device)
+        for stream in self._streams:
+            stream.wait_stream(current)  # the phase's last kernels (or the reallocation) come first
+        for i, s in enumerate(segments):
+            with torch.cuda.stream(self._streams[i % len(self._streams)]):
+                dev = views[s.entry][s.src_offset : s.src_offset + s.nbytes]
+                host = self._chunks[s.chunk][s.dst_offset : s.dst_offset + s.nbytes]
+                (host if to_host else dev).copy_(dev if to_host else host, non_blocking=True)
+        # One wait at the end: offload must finish before storages are freed, reload before the phase runs.
+        for stream in self._streams:
+            stream.synchronize()
+
+
+def _byte_view(storage: Any, nbytes: int, device: Any) -> torch.Tensor:
+    """A flat uint8 tensor over a whole untyped storage."""
+    torch = _torch()
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (nbytes,), (1,))
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
