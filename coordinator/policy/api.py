@@ -64,7 +64,6 @@ class PolicyConfig:
 
     max_group_size: int = 5  # most jobs one group may hold (host-memory residency in the simulator)
     slo_tolerance: float = 1e-9  # relative slack when comparing T_coexec with SLO * T_solo
-    horizon: int | None = None  # meta-iterations simulated per SLO check (None: by group size)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_group_size, int) or self.max_group_size < 1:

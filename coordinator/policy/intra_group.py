@@ -7,10 +7,11 @@ Train(j, i) holds the whole training pool and starts when Rollout(j, i) has fini
 has served the trains queued before it. On-policy order per job is therefore never broken.
 
 Processing phases in (iteration, job order) is a topological order of that precedence graph, so
-one pass computes the exact event times; no priority queue is needed. The steady-state period of
-a member is its mean iteration time over the second half of the horizon (the max-plus system is
-periodic after a short transient). This is what the placement policy uses as T_coexec, and what
-the simulator replays with per-iteration phase times.
+one pass computes the exact event times; no priority queue is needed. With fixed phase times one
+meta-iteration is a max-plus linear map, and the steady-state period T_coexec is its eigenvalue
+(`cycle_time`, exact, no transient to wait out); this is what the placement policy checks SLOs
+against. With per-iteration times (the simulator's stochastic lengths) the period is measured
+over the second half of the simulated horizon.
 """
 
 from __future__ import annotations
@@ -100,15 +101,91 @@ def simulate_round_robin(members: Sequence[MemberTiming], *, iterations: int | N
                                                end_s=end, nodes=tuple(m.rollout_nodes)))
                 intervals.append(PhaseInterval(job=m.name, phase=Phase.TRAIN, iteration=it, start_s=t_start,
                                                end_s=train_free, nodes=(TRAIN_POOL,)))
-    half = n_iter // 2
+    if phase_time is None:
+        # Fixed times: the exact steady state, free of any transient the horizon did not outlast.
+        period = cycle_time(members)
+        periods = {m.name: period for m in members}
+    else:
+        periods = _empirical_periods(members, roll_starts, job_ready)
+    return ScheduleResult(periods_s=periods, intervals=tuple(intervals), makespan_s=max(job_ready))
+
+
+def _empirical_periods(members: Sequence[MemberTiming], roll_starts: list[list[float]],
+                       job_ready: list[float]) -> dict[str, float]:
+    """Mean iteration time over the second half of the horizon (per-iteration times vary)."""
     periods = {}
     for idx, m in enumerate(members):
         starts = roll_starts[idx]
-        if n_iter - 1 > half:
-            periods[m.name] = (starts[-1] - starts[half]) / (n_iter - 1 - half)
+        half = len(starts) // 2
+        if len(starts) - 1 > half:
+            periods[m.name] = (starts[-1] - starts[half]) / (len(starts) - 1 - half)
         else:  # a single iteration: the period is its own duration
             periods[m.name] = job_ready[idx] - starts[0]
-    return ScheduleResult(periods_s=periods, intervals=tuple(intervals), makespan_s=max(job_ready))
+    return periods
+
+
+_NEG = float("-inf")
+
+
+def _one_iteration_matrix(members: Sequence[MemberTiming]) -> list[list[float]]:
+    """The max-plus matrix A of one meta-iteration: x(i+1) = A (x) x(i).
+
+    State variables: when each rollout node, the training pool and each job become free. Every
+    step of the schedule is a max or a +, so one iteration is max-plus linear; running it on
+    symbolic rows (variable -> offset) yields A directly.
+    """
+    nodes = sorted({n for m in members for n in m.rollout_nodes}, key=repr)
+    index = {("node", n): i for i, n in enumerate(nodes)}
+    index[("train", None)] = len(index)
+    for j in range(len(members)):
+        index[("job", j)] = len(index)
+    size = len(index)
+
+    def unit(i: int) -> list[float]:
+        row = [_NEG] * size
+        row[i] = 0.0
+        return row
+
+    def vmax(a: list[float], b: list[float]) -> list[float]:
+        return [x if x >= y else y for x, y in zip(a, b)]
+
+    def vadd(a: list[float], c: float) -> list[float]:
+        return [x + c for x in a]
+
+    expr = {key: unit(i) for key, i in index.items()}
+    for j, m in enumerate(members):
+        start = expr[("job", j)]
+        for n in m.rollout_nodes:
+            start = vmax(start, expr[("node", n)])
+        end = vadd(start, m.t_roll_s)
+        for n in m.rollout_nodes:
+            expr[("node", n)] = end
+        done = vadd(vmax(end, expr[("train", None)]), m.t_train_s)
+        expr[("train", None)] = expr[("job", j)] = done
+    return [expr[key] for key in index]
+
+
+def cycle_time(members: Sequence[MemberTiming]) -> float:
+    """Exact steady-state period of the round-robin schedule: the max-plus eigenvalue of A.
+
+    Computed as the maximum cycle mean of A's graph with Karp's algorithm. The training pool
+    couples every member, so A is irreducible and all members share this period.
+    """
+    if not members:
+        return 0.0
+    a = _one_iteration_matrix(members)
+    n = len(a)
+    d = [[0.0] * n]  # D_0 = 0 everywhere: a virtual source reaching every vertex
+    for _ in range(n):
+        prev = d[-1]
+        d.append([max(a[v][u] + prev[u] for u in range(n)) for v in range(n)])
+    best = _NEG
+    for v in range(n):
+        if d[n][v] == _NEG:
+            continue
+        worst = min((d[n][v] - d[k][v]) / (n - k) for k in range(n) if d[k][v] != _NEG)
+        best = max(best, worst)
+    return best
 
 
 def t_cycle(members: Sequence[MemberTiming]) -> float:

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollmux.coordinator.policy.api import PolicyConfig, PolicyError
-from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
-
+from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
 from rollmux.model import ClusterSpec, JobSpec, Pool
 
 MAX_OPT_JOBS = 14
@@ -57,8 +56,8 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_gpus: int, m: int, cluster:
     def check() -> bool:
         timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=t, rollout_nodes=nodes)  # type: ignore[arg-type]
                    for j, t, nodes in zip(jobs, t_train, chosen)]
-        periods = simulate_round_robin(timings, iterations=config.horizon).periods_s
-        return all(periods[j.name] <= b for j, b in zip(jobs, budgets))
+        period = cycle_time(timings)
+        return all(period <= b for b in budgets)
 
     def dfs(i: int, touched: int) -> bool:
         if i == len(jobs):

@@ -28,9 +28,8 @@ from rollmux.coordinator.policy.api import (
     Strategy,
     register_policy,
 )
-from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
+from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
 from rollmux.coordinator.policy.state import ClusterState, GroupState
-
 from rollmux.model import ClusterSpec, JobSpec, Pool
 
 
@@ -115,7 +114,8 @@ def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig) -> tuple[dict
     new_nodes = tuple(f"<new{i}>" for i in range(cand.new_nodes))
     timings = group.timings() + [MemberTiming(name=job.name, t_roll_s=job.t_roll_s, t_train_s=t_train,
                                               rollout_nodes=cand.existing_nodes + new_nodes)]
-    periods = simulate_round_robin(timings, iterations=config.horizon).periods_s
+    period = cycle_time(timings)  # exact steady state of the round-robin schedule
+    periods = {t.name: period for t in timings}
     budgets = {n: m.budget_s for n, m in group.members.items()} | {job.name: job.slo * job.t_solo_s}
     if any(periods[n] > budgets[n] * tol for n in periods):
         return None, _slo_rejection(cand, job, periods)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.intra_group import MemberTiming
-
 from rollmux.model import ClusterSpec, Group, JobSpec, Placement, Pool
 
 

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollmux.coordinator.policy.intra_group import (
+    MemberTiming,
+    is_saturated,
+    simulate_round_robin,
+    t_cycle,
+    t_load,
+)
+from rollmux.model import Phase
+
+
+def member(name: str, roll: float, train: float, nodes: tuple[int, ...] = (0,)) -> MemberTiming:
+    return MemberTiming(name=name, t_roll_s=roll, t_train_s=train, rollout_nodes=nodes)
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> list[MemberTiming]:
+    n_jobs = draw(st.integers(1, 5))
+    n_nodes = draw(st.integers(1, 4))
+    out = []
+    for i in range(n_jobs):
+        k = draw(st.integers(1, n_nodes))
+        nodes = tuple(sorted(draw(st.sets(st.integers(0, n_nodes - 1), min_size=k, max_size=k))))
+        out.append(member(f"j{i}", draw(st.floats(10, 600)), draw(st.floats(10, 600)), nodes))
+    return out
+
+
+def test_two_complementary_jobs_interleave_at_solo_speed() -> None:
+    # A is rollout-heavy, B train-heavy: T_load = 300 <= T_cycle = 400 -> both run at period 400.
+    res = simulate_round_robin([member("A", 300, 100), member("B", 100, 300)])
+    assert res.periods_s == {"A": 400.0, "B": 400.0}
+
+
+def test_two_rollout_heavy_jobs_on_one_node_slow_down() -> None:
+    # Fig. 3: naive pairing of rollout-heavy jobs; the shared node is the bottleneck (T_load = 600).
+    res = simulate_round_robin([member("A", 300, 100), member("B", 300, 100)])
+    assert res.periods_s["A"] == 600.0 and res.periods_s["B"] == 600.0
+    assert is_saturated([member("A", 300, 100), member("B", 300, 100)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_theorem1_unsaturated_group_runs_every_member_at_t_cycle(members: list[MemberTiming]) -> None:
+    res = simulate_round_robin(members)
+    cycle, load = t_cycle(members), t_load(members)
+    for name, period in res.periods_s.items():
+        # Every member's period is at least the bottleneck, and equals T_cycle when unsaturated.
+        assert period >= max(cycle, load) * (1 - 1e-9), name
+        if load < cycle:  # strictly unsaturated (Algorithm 1 prunes load >= cycle)
+            assert abs(period - cycle) <= 1e-6 * cycle, (name, period, cycle)
+
+
+@settings(max_examples=100, deadline=None)
+@given(groups(), st.integers(0, 2**16))
+def test_schedule_keeps_mutual_exclusion_and_on_policy_order(members: list[MemberTiming], seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    times = {(i, it, ph): rng.uniform(0.2, 1.0) * (m.t_roll_s if ph is Phase.ROLLOUT else m.t_train_s)
+             for i, m in enumerate(members) for it in range(12) for ph in (Phase.ROLLOUT, Phase.TRAIN)}
+    res = simulate_round_robin(members, iterations=12, phase_time=lambda i, it, ph: times[(i, it, ph)], record=True)
+    per_resource = defaultdict(list)
+    per_job = defaultdict(list)
+    for iv in res.intervals:
+        for n in iv.nodes:
+            per_resource[n].append((iv.start_s, iv.end_s))
+        per_job[iv.job].append(iv)
+    for spans in per_resource.values():  # one phase per node at a time
+        spans.sort()
+        assert all(a_end <= b_start + 1e-9 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    for ivs in per_job.values():  # Rollout(i) -> Train(i) -> Rollout(i+1), never overlapping
+        ivs.sort(key=lambda iv: (iv.iteration, iv.phase is Phase.TRAIN))
+        assert all(a.end_s <= b.start_s + 1e-9 for a, b in zip(ivs, ivs[1:]))
+        assert [iv.iteration for iv in ivs] == sorted(iv.iteration for iv in ivs)
