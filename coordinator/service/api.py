@@ -1,0 +1,179 @@
+"""Contracts of the live coordinator: lifecycle enums, configuration and the error hierarchy.
+
+Every error a caller can provoke is a `ServiceError` carrying the gRPC status code it maps to; the
+servicer translates it at the RPC boundary. A request refused with a `ServiceError` has changed no
+state (validation happens before any transition, and transitions are decided before they are applied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import grpc
+
+from rollmux.errors import RollMuxError
+
+
+# ----------------------------------------------------------------------------------------------
+# Lifecycles (transition tables live in `states.py`)
+# ----------------------------------------------------------------------------------------------
+
+
+class JobState(str, Enum):
+    """Lifecycle of a registered job.
+
+    PENDING -> ADMITTED when the free nodes can host its placement (strictly in arrival order);
+    PENDING or ADMITTED -> REMOVED on deregistration or operator removal. REMOVED is terminal and
+    its record is deleted from the store in the same transaction.
+    """
+
+    PENDING = "pending"
+    ADMITTED = "admitted"
+    REMOVED = "removed"
+
+
+class PermitState(str, Enum):
+    """Lifecycle of a job's current phase permit (one per job at a time).
+
+    QUEUED: waiting in the FIFO queue of every node the phase needs. GRANTED: a lease (epoch + TTL)
+    holds those nodes. RELEASED: the phase finished (terminal; the job's next phase gets a fresh
+    QUEUED permit). EXPIRED / REVOKED: the lease lapsed or an operator took it; the permit is parked
+    out of the queues until the job asks for it again, then it is QUEUED at the tail.
+    CANCELLED: the job was removed (terminal).
+    """
+
+    QUEUED = "queued"
+    GRANTED = "granted"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+    CANCELLED = "cancelled"
+
+
+class NodeState(str, Enum):
+    """Lifecycle of a registered node.
+
+    READY: usable. LOST: its sidecar's stream closed; no new permit is granted on it until the
+    sidecar reconnects (running leases are left to their TTL). DRAINING: an operator asked to drain
+    it: the running permit finishes, nothing new starts and no new job is placed on it. DRAINED:
+    draining and idle.
+    """
+
+    READY = "ready"
+    LOST = "lost"
+    DRAINING = "draining"
+    DRAINED = "drained"
+
+
+class WaitOutcome(str, Enum):
+    """How a bounded permit wait ended."""
+
+    GRANTED = "granted"
+    TIMEOUT = "timeout"
+    JOB_REMOVED = "job-removed"
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceConfig:
+    """Knobs of the live coordinator (CLI flags map one to one)."""
+
+    lease_ttl_s: float = 10.0  # a granted permit lapses unless renewed within this many seconds
+    max_wait_s: float = 300.0  # longest server-side permit wait one AcquirePermit call may ask for
+    migration_threshold: float = 0.8  # rollout progress (finished/total) at which it is tail-bound
+    estimate_alpha: float = 0.5  # weight of the newest measured duration in the moving average
+    heartbeat_interval_s: float = 2.0  # how often sidecars should send heartbeats
+    reap_interval_s: float = 0.05  # how often expired leases are looked for
+    max_name_len: int = 128  # longest job or node name accepted
+    max_nvml_entries: int = 64  # most NVML facts one node may report
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ttl_s", "max_wait_s", "heartbeat_interval_s", "reap_interval_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"{name}={v!r} is invalid: expected a positive number of seconds")
+        if not 0.0 < self.migration_threshold <= 1.0:
+            raise ValueError(f"migration_threshold={self.migration_threshold!r} is invalid: expected (0, 1]")
+        if not 0.0 < self.estimate_alpha <= 1.0:
+            raise ValueError(f"estimate_alpha={self.estimate_alpha!r} is invalid: expected (0, 1]")
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+
+
+class ServiceError(RollMuxError):
+    """A request the coordinator refuses; `code` is the gRPC status it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgumentError(ServiceError, ValueError):
+    """A request field is missing, negative, too long or otherwise malformed."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(ServiceError, KeyError):
+    """A job, node or lease id that the coordinator does not know."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AlreadyExistsError(ServiceError):
+    """A job or node name that is already registered (with other credentials)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPreconditionError(ServiceError):
+    """The request is well-formed but not legal now (out-of-order phase, stale epoch, ...)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StaleEpochError(FailedPreconditionError):
+    """A renew, release or progress report carrying an epoch that no longer holds the lease."""
+
+
+class PermissionDeniedError(ServiceError):
+    """Missing or wrong token, or a job touching another job's permit."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class UnauthenticatedError(ServiceError):
+    """No credentials at all where some are required."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class NotReadyError(ServiceError):
+    """The coordinator is recovering (store unreachable, state reloading, not the leader)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class IllegalTransitionError(RollMuxError):
+    """A state machine was asked for an edge its transition table does not allow (a bug)."""
+
+
+class StoreError(RollMuxError):
+    """The state store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The state store cannot be reached (Redis down or restarting)."""
+
+
+class StaleFenceError(StoreError):
+    """A commit carried a leader fence that is no longer current: another coordinator took over."""

@@ -1,0 +1,89 @@
+"""Tokens: job tokens issued at registration, node and operator tokens derived from a secret.
+
+- Job token: random, returned once by RegisterJob; the coordinator keeps only its SHA-256. Every
+  job call must carry it, and it only opens its own job (another job's token -> PERMISSION_DENIED).
+- Node token: HMAC-SHA256(bootstrap secret, "node:<node_id>"), so a sidecar given the secret (a
+  Kubernetes Secret) derives its own token and a node cannot impersonate another.
+- Operator token: HMAC-SHA256(bootstrap secret, "operator"); also required for RegisterJob.
+Without a bootstrap secret node and operator calls are open (single-machine use); job tokens are
+always enforced. Tokens travel as gRPC metadata ``authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+
+from rollmux.coordinator.service.api import PermissionDeniedError, UnauthenticatedError
+
+METADATA_KEY = "authorization"
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def derive_token(secret: str, subject: str) -> str:
+    """HMAC-SHA256(secret, subject) as hex; subjects are ``node:<id>`` and ``operator``."""
+    return hmac.new(secret.encode(), subject.encode(), hashlib.sha256).hexdigest()
+
+
+def node_token(secret: str, node_id: str) -> str:
+    return derive_token(secret, f"node:{node_id}")
+
+
+def operator_token(secret: str) -> str:
+    return derive_token(secret, "operator")
+
+
+def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The bearer token in gRPC invocation metadata, if any."""
+    for key, value in metadata or ():
+        if key == METADATA_KEY:
+            text = value.decode() if isinstance(value, bytes) else value
+            return text[7:] if text.startswith("Bearer ") else text
+    return None
+
+
+class Authenticator:
+    """Checks the token of each call against its subject.
+
+    Args:
+        secret: the bootstrap secret; None or "" disables node and operator checks.
+    """
+
+    def __init__(self, secret: str | None) -> None:
+        self._secret = secret or ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._secret)
+
+    def _derived(self, token: str | None, subject: str, who: str) -> None:
+        if not self._secret:
+            return
+        if not token:
+            raise UnauthenticatedError(f"{who} call without a token: send 'authorization: Bearer <token>'")
+        if not hmac.compare_digest(token, derive_token(self._secret, subject)):
+            raise PermissionDeniedError(f"token refused for {who}: derive it from the coordinator's bootstrap secret")
+
+    def check_node(self, token: str | None, node_id: str) -> None:
+        self._derived(token, f"node:{node_id}", f"node {node_id!r}")
+
+    def check_operator(self, token: str | None) -> None:
+        self._derived(token, "operator", "operator")
+
+    @staticmethod
+    def check_job(token: str | None, job: str, token_sha256: str) -> None:
+        if not token:
+            raise UnauthenticatedError(f"call for job {job!r} without its job token: send the token "
+                                       "RegisterJob returned as 'authorization: Bearer <token>'")
+        if not hmac.compare_digest(sha256_hex(token), token_sha256):
+            raise PermissionDeniedError(f"the token does not belong to job {job!r}: a job may only touch "
+                                        "its own permits")

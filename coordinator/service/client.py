@@ -1,0 +1,378 @@
+"""A small synchronous client of the coordinator, for the sidecar, the shim and operators.
+
+    from rollmux.coordinator.service.client import CoordinatorClient
+    client = CoordinatorClient("coord:50051")                     # or a list of addresses (standby)
+    job = client.register_job(JobSpec(name="a", n_rollout_gpus=8, n_train_gpus=8))
+    with job.hold(Phase.ROLLOUT, 0, timeout_s=600) as permit:    # blocks until granted; renews
+        ...                                                       # released with measured duration
+    permit = job.acquire(Phase.TRAIN, 0, timeout_s=600)           # or by hand: acquire/renew/release
+    job.release(permit, duration_s=12.5)
+
+Every call retries UNAVAILABLE (coordinator restarting, Redis recovering, standby taking over) with
+exponential backoff for up to `retry_s`, rotating through the given addresses. Refusals raise the
+same `ServiceError` subclasses the server uses (`StaleEpochError`, `PermissionDeniedError`, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from rollmux.coordinator.service.api import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    NotReadyError,
+    PermissionDeniedError,
+    ServiceError,
+    StaleEpochError,
+    UnauthenticatedError,
+)
+from rollmux.errors import RollMuxError
+from rollmux.model import JobSpec, Phase, Pool
+from rollmux.proto import convert
+from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+
+NODE_METADATA_KEY = "x-rollmux-node"
+
+
+class PermitTimeoutError(RollMuxError, TimeoutError):
+    """A permit wait reached its deadline; the message says what the permit was waiting for."""
+
+
+class JobRemovedError(RollMuxError):
+    """The job was removed (by an operator) while it waited for a permit."""
+
+
+_CODE_TO_ERROR: dict[grpc.StatusCode, type[ServiceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.UNAVAILABLE: NotReadyError,
+}
+
+
+def _error(exc: grpc.RpcError) -> ServiceError:
+    code, details = exc.code(), exc.details() or ""
+    cls = _CODE_TO_ERROR.get(code, ServiceError)
+    if cls is FailedPreconditionError and "stale" in details:
+        cls = StaleEpochError
+    err = cls(f"{code.name}: {details}")
+    return err
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Permit:
+    """A granted run permit: the lease on `nodes` for one phase, fenced by `epoch`."""
+
+    job: str
+    phase: Phase
+    iteration: int
+    epoch: int  # fencing token; carry it on every renew, release and progress report
+    nodes: tuple[str, ...]
+    ttl_s: float  # renew well within this (the client's `hold` renews every ttl/4)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigrationDirective:
+    """Long-tail migration: move the remaining requests onto `keep_nodes`, stop using `release_nodes`."""
+
+    job: str
+    epoch: int
+    keep_nodes: tuple[str, ...]
+    release_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobInfo:
+    job: str
+    state: str  # pending | admitted
+    group_id: str
+    rollout_nodes: tuple[str, ...]
+    train_nodes: tuple[str, ...]
+    next_phase: Phase  # the phase to run next (or running)
+    next_iteration: int
+    permit_state: str
+    pending_position: int  # 1-based place in the admission queue, 0 when admitted
+
+
+def _permit(lease: pb.Lease) -> Permit:
+    return Permit(job=lease.job, phase=convert.PHASE_FROM_PB[lease.phase], iteration=lease.iteration,
+                  epoch=lease.epoch, nodes=tuple(lease.nodes), ttl_s=lease.ttl_s)
+
+
+def _info(msg: pb.JobStatus) -> JobInfo:
+    return JobInfo(job=msg.job, state=msg.state, group_id=msg.group_id, rollout_nodes=tuple(msg.rollout_nodes),
+                   train_nodes=tuple(msg.train_nodes), next_phase=convert.PHASE_FROM_PB[msg.next_phase],
+                   next_iteration=msg.next_iteration, permit_state=msg.permit_state,
+                   pending_position=msg.pending_position)
+
+
+class CoordinatorClient:
+    """Connection to the coordinator (or to a leader and its standbys).
+
+    Args:
+        targets: ``host:port`` or several; UNAVAILABLE rotates to the next one.
+        token: the operator token (operator calls and RegisterJob) when the coordinator has a secret.
+        retry_s: how long each call keeps retrying while the coordinator is unavailable.
+        root_certificates: PEM bytes to use TLS.
+    """
+
+    def __init__(self, targets: str | Sequence[str], *, token: str | None = None, retry_s: float = 30.0,
+                 root_certificates: bytes | None = None) -> None:
+        self.targets = [targets] if isinstance(targets, str) else list(targets)
+        self.token = token
+        self.retry_s = retry_s
+        self._creds = grpc.ssl_channel_credentials(root_certificates) if root_certificates else None
+        self._index = 0
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _stub(self) -> pb_grpc.CoordinatorStub:
+        with self._lock:
+            target = self.targets[self._index % len(self.targets)]
+            ch = self._channels.get(target)
+            if ch is None:
+                opts = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 1000)]
+                ch = (grpc.secure_channel(target, self._creds, options=opts) if self._creds
+                      else grpc.insecure_channel(target, options=opts))
+                self._channels[target] = ch
+            return pb_grpc.CoordinatorStub(ch)
+
+    def _rotate(self) -> None:
+        with self._lock:
+            self._index += 1
+
+    def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
+             metadata: Sequence[tuple[str, str]] = ()) -> Any:
+        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s`.
+
+        Raises:
+            ServiceError: the coordinator refused the call (or stayed unavailable).
+        """
+        md = list(metadata)
+        tok = token if token is not None else self.token
+        if tok:
+            md.append(("authorization", f"Bearer {tok}"))
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.02
+        while True:
+            try:
+                return getattr(self._stub(), method)(request, timeout=timeout_s, metadata=md)
+            except grpc.RpcError as exc:
+                retriable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retriable or time.monotonic() + delay > deadline:
+                    raise _error(exc) from None
+                self._rotate()
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
+
+    # ---- job side --------------------------------------------------------------------------
+    def register_job(self, spec: JobSpec, *, nonce: str | None = None) -> JobClient:
+        """Register a job; returns its handle (keep `handle.token` to reconnect after a crash)."""
+        nonce = nonce or secrets.token_urlsafe(24)
+        resp = self.call("RegisterJob", pb.RegisterJobRequest(spec=convert.spec_to_pb(spec), nonce=nonce))
+        return JobClient(self, spec.name, resp.job_token, _info(resp.status))
+
+    def job(self, name: str, token: str) -> JobClient:
+        """A handle on an already registered job (e.g. a restarted trainer)."""
+        return JobClient(self, name, token, None)
+
+    # ---- node side -------------------------------------------------------------------------
+    def register_node(self, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int, host_dram_bytes: int,
+                      nvml: dict[str, str] | None = None, token: str | None = None) -> pb.RegisterNodeResponse:
+        req = pb.RegisterNodeRequest(node_id=node_id, pool=convert.POOL_TO_PB[pool], gpu_type=gpu_type,
+                                     gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
+        return self.call("RegisterNode", req, token=token)
+
+    # ---- operator side ---------------------------------------------------------------------
+    def cluster_state(self) -> pb.ClusterStateResponse:
+        return self.call("GetClusterState", pb.ClusterStateRequest())
+
+    def drain_node(self, node_id: str) -> str:
+        return self.call("DrainNode", pb.DrainNodeRequest(node_id=node_id)).state
+
+    def remove_job(self, name: str) -> list[str]:
+        return list(self.call("RemoveJob", pb.RemoveJobRequest(job=name)).released_nodes)
+
+
+class JobClient:
+    """One job's calls, authenticated with its job token."""
+
+    def __init__(self, client: CoordinatorClient, name: str, token: str, info: JobInfo | None) -> None:
+        self.client, self.name, self.token = client, name, token
+        self.registration = info  # status at registration (None for `CoordinatorClient.job`)
+
+    def _call(self, method: str, request: Any, timeout_s: float = 10.0) -> Any:
+        return self.client.call(method, request, token=self.token, timeout_s=timeout_s)
+
+    def status(self) -> JobInfo:
+        return _info(self._call("GetJob", pb.GetJobRequest(job=self.name)))
+
+    def acquire(self, phase: Phase, iteration: int, *, timeout_s: float = 300.0) -> Permit:
+        """Block (server side) until the permit for `phase` of `iteration` is granted.
+
+        Idempotent: asking again for a permit already granted returns the same lease.
+
+        Raises:
+            PermitTimeoutError: not granted within `timeout_s` (the message names the blocker).
+            JobRemovedError: the job was removed while waiting.
+            FailedPreconditionError: `phase`/`iteration` is not the job's next phase.
+        """
+        deadline = time.monotonic() + timeout_s
+        reason = "no answer yet"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PermitTimeoutError(f"job {self.name!r} {phase.value}({iteration}) not granted within "
+                                         f"{timeout_s:g}s: {reason}")
+            wait = min(remaining, 60.0)
+            req = pb.AcquirePermitRequest(job=self.name, phase=convert.PHASE_TO_PB[phase], iteration=iteration,
+                                          timeout_s=wait)
+            resp = self._call("AcquirePermit", req, timeout_s=wait + 5.0)
+            if resp.outcome == pb.WAIT_OUTCOME_GRANTED:
+                return _permit(resp.lease)
+            if resp.outcome == pb.WAIT_OUTCOME_JOB_REMOVED:
+                raise JobRemovedError(resp.reason)
+            reason = resp.reason
+
+    def renew(self, permit: Permit) -> float:
+        """Extend the lease. Raises `StaleEpochError` if it was lost (stop the phase at once)."""
+        return self._call("RenewPermit", pb.RenewPermitRequest(job=self.name, epoch=permit.epoch)).ttl_s
+
+    def release(self, permit: Permit, duration_s: float) -> tuple[Phase, int]:
+        """End the phase; returns the job's next (phase, iteration). Safe to retry."""
+        resp = self._call("ReleasePermit", pb.ReleasePermitRequest(job=self.name, epoch=permit.epoch,
+                                                                   duration_s=duration_s))
+        return convert.PHASE_FROM_PB[resp.next_phase], resp.next_iteration
+
+    def report_progress(self, permit: Permit, finished: int, total: int) -> MigrationDirective | None:
+        """Report rollout progress (also renews); returns a migration directive once tail-bound."""
+        resp = self._call("ReportProgress", pb.ReportProgressRequest(job=self.name, epoch=permit.epoch,
+                                                                     finished=finished, total=total))
+        if not resp.HasField("migrate"):
+            return None
+        m = resp.migrate
+        return MigrationDirective(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
+                                  release_nodes=tuple(m.release_nodes))
+
+    def deregister(self) -> list[str]:
+        return list(self._call("DeregisterJob", pb.DeregisterJobRequest(job=self.name)).released_nodes)
+
+    @contextlib.contextmanager
+    def hold(self, phase: Phase, iteration: int, *, timeout_s: float = 300.0) -> Iterator[HeldPermit]:
+        """Acquire, renew every ttl/4 in a background thread, release with the measured duration.
+
+        If a renewal is refused, `held.lost` is set: the phase must stop (its nodes went to another job).
+        """
+        permit = self.acquire(phase, iteration, timeout_s=timeout_s)
+        held = HeldPermit(permit=permit, lost=threading.Event())
+        stop = threading.Event()
+
+        def renew_loop() -> None:
+            while not stop.wait(permit.ttl_s / 4):
+                try:
+                    self.renew(permit)
+                except StaleEpochError:
+                    held.lost.set()
+                    return
+                except ServiceError:
+                    continue
+
+        t = threading.Thread(target=renew_loop, name=f"rollmux-renew-{self.name}", daemon=True)
+        start = time.monotonic()
+        t.start()
+        try:
+            yield held
+        finally:
+            stop.set()
+            t.join()
+        if not held.lost.is_set():
+            self.release(permit, time.monotonic() - start)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldPermit:
+    permit: Permit
+    lost: threading.Event  # set when the lease was lost mid-phase
+
+
+class NodeSession:
+    """A node's registration and its one bidirectional stream, kept alive with reconnect backoff.
+
+    Runs in a daemon thread: registers the node, opens NodeStream, sends a heartbeat every
+    `heartbeat_s` carrying `active_epochs()`, and hands every `NodeDown` message to `on_message`.
+
+    Args:
+        client: the connection.
+        node_id / pool / gpu_type / gpu_count / host_dram_bytes / nvml: what RegisterNode sends.
+        token: the node token (derive it with `auth.node_token(secret, node_id)`).
+        on_message: called from the session thread for each message (first a `snapshot`).
+        active_epochs: epochs the node's ranks are running now (renews those leases).
+    """
+
+    def __init__(self, client: CoordinatorClient, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int,
+                 host_dram_bytes: int, nvml: dict[str, str] | None = None, token: str | None = None,
+                 on_message: Callable[[pb.NodeDown], None] = lambda m: None,
+                 active_epochs: Callable[[], Sequence[int]] = lambda: (), heartbeat_s: float = 1.0) -> None:
+        self.client, self.node_id, self.token = client, node_id, token
+        self._register = dict(pool=pool, gpu_type=gpu_type, gpu_count=gpu_count, host_dram_bytes=host_dram_bytes,
+                              nvml=nvml or {})
+        self.on_message, self.active_epochs, self.heartbeat_s = on_message, active_epochs, heartbeat_s
+        self._stop = threading.Event()
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rollmux-node-{node_id}", daemon=True)
+        self._call: Any = None
+
+    def start(self) -> NodeSession:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(5)
+
+    def _requests(self) -> Iterator[pb.NodeUp]:
+        while not self._stop.is_set():
+            yield pb.NodeUp(heartbeat=pb.NodeHeartbeat(active_epochs=list(self.active_epochs())))
+            self._stop.wait(self.heartbeat_s)
+
+    def _run(self) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                self.client.register_node(self.node_id, token=self.token, **self._register)  # type: ignore[arg-type]
+                md = [(NODE_METADATA_KEY, self.node_id)]
+                if self.token:
+                    md.append(("authorization", f"Bearer {self.token}"))
+                self._call = self.client._stub().NodeStream(self._requests(), metadata=md)  # noqa: SLF001
+                for msg in self._call:
+                    self.connected.set()
+                    delay = 0.05
+                    self.on_message(msg)
+            except (grpc.RpcError, ServiceError):
+                pass
+            self.connected.clear()
+            if self._stop.wait(delay):
+                return
+            self.client._rotate()  # noqa: SLF001
+            delay = min(delay * 2, 1.0)

@@ -1,0 +1,291 @@
+"""The coordinator's imperative shell: leadership, load, commit, notify, expire, recover.
+
+`Coordinator` owns one `Runtime` (all state, no I/O) and runs every transition as four steps:
+1. check that it is ready (leader, store reachable, state loaded);
+2. decide and apply in memory (`Runtime` validates before it changes anything);
+3. persist the changed records through the ordered group `Committer` (one atomic store commit);
+4. deliver the runtime's notices to node streams and waiting jobs.
+If a commit fails, the coordinator turns not-ready, drops its in-memory state and reloads it from
+the store once the store answers again (and it still leads), so memory never runs ahead of what is
+durable for long, and nothing is granted that the store does not hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from rollmux.coordinator.service.api import (
+    NotReadyError,
+    PermitState,
+    ServiceConfig,
+    ServiceError,
+    StaleFenceError,
+    StoreError,
+)
+from rollmux.coordinator.service.committer import Committer
+from rollmux.coordinator.service.metrics import Metrics, create_metrics
+from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.store import Store
+from rollmux.model import ClusterSpec, Phase, Pool
+
+log = logging.getLogger("rollmux.coordinator")
+T = TypeVar("T")
+
+
+class Coordinator:
+    """The live coordinator around one store.
+
+    Args:
+        store: Redis or embedded store.
+        cluster: shape of nodes the policy plans with.
+        config: service knobs.
+        owner: this instance's name in the leadership lease (a restarted instance with the same
+            name takes over at once; a standby with another name waits for the lease to lapse).
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, store: Store, *, cluster: ClusterSpec | None = None, config: ServiceConfig | None = None,
+                 owner: str = "coordinator", leader_ttl_s: float = 5.0, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.cluster = cluster or ClusterSpec()
+        self.config = config or ServiceConfig()
+        self.owner = owner
+        self.leader_ttl_s = leader_ttl_s
+        self.metrics = metrics or create_metrics()
+        self.clock = clock
+        self.rt = Runtime(self.cluster, self.config, clock=clock, wall=time.time)
+        self.fence = 0
+        self.ready = False
+        self.not_ready_reason = "starting"
+        self.committer = Committer(store, lambda: self.fence, self._on_commit_failure)
+        self._events: dict[str, asyncio.Event] = {}  # job -> woken on any change to it
+        self._streams: dict[str, asyncio.Queue[Notice | None]] = {}  # node -> its stream's outbox
+        self._tasks: list[asyncio.Task[None]] = []
+        self._recovering: asyncio.Task[None] | None = None
+        self._free_since: dict[str, float] = {}
+        self.on_ready_change: Callable[[bool], None] = lambda ready: None
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start background tasks and begin (or wait for) leadership; returns at once."""
+        self.committer.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._reaper(), name="rollmux-reaper"),
+                       loop.create_task(self._leader_loop(), name="rollmux-leader"),
+                       loop.create_task(self._gauges(), name="rollmux-gauges")]
+        self._begin_recovery("starting")
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        deadline = self.clock() + timeout_s
+        while not self.ready and self.clock() < deadline:
+            await asyncio.sleep(0.01)
+        return self.ready
+
+    async def stop(self) -> None:
+        for t in [*self._tasks, *([self._recovering] if self._recovering else [])]:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.committer.stop()
+        for q in self._streams.values():
+            q.put_nowait(None)
+        self._set_ready(False, "stopped")
+
+    def _set_ready(self, ready: bool, reason: str = "") -> None:
+        if ready != self.ready:
+            log.info("coordinator %s", "ready" if ready else f"not ready: {reason}",
+                     extra={"fence": self.fence, "owner": self.owner})
+        self.ready, self.not_ready_reason = ready, reason
+        self.metrics.ready.set(1 if ready else 0)
+        self.on_ready_change(ready)
+
+    def _on_commit_failure(self, exc: Exception) -> None:
+        self.metrics.store_commits.labels(outcome="failed").inc()
+        log.warning("state store commit failed, reloading state: %s", exc)
+        self._begin_recovery(f"state store failed: {exc}")
+
+    def _begin_recovery(self, reason: str) -> None:
+        self._set_ready(False, reason)
+        if self._recovering is None or self._recovering.done():
+            self._recovering = asyncio.get_running_loop().create_task(self._recover(), name="rollmux-recover")
+
+    async def _recover(self) -> None:
+        """Become leader, reload state from the store, reconnect open streams; retry with backoff."""
+        delay = 0.05
+        while True:
+            try:
+                await self.committer.stop()
+                fence = await self.store.acquire_leadership(self.owner, self.leader_ttl_s)
+                if fence is None:
+                    self.not_ready_reason = "standby: another coordinator holds the leadership lease"
+                else:
+                    self.fence = fence
+                    records = await self.store.load()
+                    rt = Runtime.from_records(records, self.cluster, self.config, clock=self.clock, wall=time.time)
+                    for node_id in self._streams:
+                        if node_id in rt.nodes:
+                            rt.node_connected(node_id)
+                    self.rt = rt
+                    self.committer.reset()
+                    self.committer.start()
+                    writes, notices = rt.take_changes()
+                    if writes:
+                        await self.committer.commit(writes)
+                    self._set_ready(True)
+                    log.info("state loaded: %d jobs, %d nodes, %d leases", len(rt.jobs), len(rt.nodes),
+                             len(rt.holder), extra={"fence": fence})
+                    for node_id in self._streams:
+                        self._push(node_id, Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+                    for ev in self._events.values():
+                        ev.set()
+                    self._deliver(notices)
+                    return
+            except (StoreError, OSError, NotReadyError) as exc:
+                self.not_ready_reason = f"state store unavailable: {exc}"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _leader_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.leader_ttl_s / 3)
+            if not self.ready:
+                continue
+            try:
+                if not await self.store.renew_leadership(self.owner, self.fence, self.leader_ttl_s):
+                    log.warning("leadership lost (fence %s superseded); standing by", self.fence)
+                    self._begin_recovery("leadership lost to another coordinator")
+            except (StoreError, OSError) as exc:
+                self._begin_recovery(f"state store unavailable: {exc}")
+
+    async def _reaper(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            if not self.ready:
+                continue
+            nxt = self.rt.next_expiry()
+            if nxt is None or nxt > self.clock():
+                continue
+            try:
+                expired = await self.mutate(lambda rt: rt.expire())
+                for job in expired:
+                    self.metrics.permits_revoked.labels(reason="expired").inc()
+                    log.info("lease expired", extra={"job": job})
+            except ServiceError:
+                pass
+
+    async def _gauges(self) -> None:
+        """Refresh gauges and accumulate bubble seconds about once a second."""
+        last = self.clock()
+        while True:
+            await asyncio.sleep(1.0)
+            now, dt = self.clock(), self.clock() - last
+            last = now
+            rt = self.rt
+            qlen = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
+            for node_id, q in rt.queues.items():
+                node = rt.nodes.get(node_id)
+                if node is None:
+                    continue
+                qlen[node.pool] += len(q)
+                if q and node_id not in rt.holder:
+                    self.metrics.bubble_seconds.labels(pool=node.pool.value).inc(dt)
+            for pool, n in qlen.items():
+                self.metrics.queue_length.labels(pool=pool.value).set(n)
+            self.metrics.provisioned_usd_per_h.set(rt.placement.usd_per_h)
+            for state in ("pending", "admitted"):
+                self.metrics.jobs.labels(state=state).set(sum(j.state.value == state for j in rt.jobs.values()))
+            for state in ("ready", "lost", "draining", "drained"):
+                self.metrics.nodes.labels(state=state).set(sum(n.state.value == state for n in rt.nodes.values()))
+
+    # ------------------------------------------------------------------------------------------
+    # transitions
+    # ------------------------------------------------------------------------------------------
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise NotReadyError(f"coordinator not ready: {self.not_ready_reason}; retry with backoff")
+
+    async def mutate(self, fn: Callable[[Runtime], T]) -> T:
+        """Run one transition: decide and apply in memory, commit, then notify.
+
+        Raises:
+            ServiceError: refused by validation (nothing changed), or NotReadyError when the store failed.
+        """
+        self.require_ready()
+        rt = self.rt
+        try:
+            result = fn(rt)
+        except ServiceError:
+            writes, _ = rt.take_changes()
+            if writes:  # a refusal must not leave changes behind: treat as a bug, reload
+                log.error("refused transition left %d dirty records; reloading state", len(writes))
+                self._begin_recovery("inconsistent refused transition")
+            raise
+        writes, notices = rt.take_changes()
+        if writes:
+            await self.committer.commit(writes)
+            self.metrics.store_commits.labels(outcome="ok").inc()
+        self._deliver(notices)
+        return result
+
+    async def barrier(self) -> None:
+        """Wait until every transition applied so far is durable."""
+        await self.committer.commit({})
+
+    # ------------------------------------------------------------------------------------------
+    # notification
+    # ------------------------------------------------------------------------------------------
+    def job_event(self, job: str) -> asyncio.Event:
+        ev = self._events.get(job)
+        if ev is None or ev.is_set():
+            ev = self._events[job] = asyncio.Event()
+        return ev
+
+    def _wake(self, job: str) -> None:
+        ev = self._events.pop(job, None)
+        if ev is not None:
+            ev.set()
+
+    def _deliver(self, notices: list[Notice]) -> None:
+        for n in notices:
+            if n.kind is NoticeKind.GRANTED:
+                permit = self.rt.permits.get(n.job)
+                if permit is not None and permit.state is PermitState.GRANTED:
+                    pool = "rollout" if permit.phase is Phase.ROLLOUT else "train"
+                    self.metrics.permits_granted.labels(pool=pool).inc()
+                    self.metrics.grant_latency.observe(max(0.0, self.clock() - permit.grantable_at))
+            if n.kind is NoticeKind.REVOKED and n.reason != "lease expired":
+                self.metrics.permits_revoked.labels(reason="removed").inc()
+            if n.job:
+                self._wake(n.job)
+            for node_id in n.nodes:
+                self._push(node_id, n)
+
+    def _push(self, node_id: str, notice: Notice) -> None:
+        q = self._streams.get(node_id)
+        if q is not None:
+            q.put_nowait(notice)
+
+    def open_stream(self, node_id: str) -> asyncio.Queue[Notice | None]:
+        old = self._streams.get(node_id)
+        if old is not None:
+            old.put_nowait(None)  # a newer stream for the node replaces the old one
+        q: asyncio.Queue[Notice | None] = asyncio.Queue()
+        self._streams[node_id] = q
+        q.put_nowait(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+        return q
+
+    def close_stream(self, node_id: str, q: asyncio.Queue[Notice | None]) -> bool:
+        """Forget the stream if it is still the node's current one; True if it was."""
+        if self._streams.get(node_id) is q:
+            del self._streams[node_id]
+            return True
+        return False
+
+
+__all__ = ["Coordinator", "StaleFenceError"]

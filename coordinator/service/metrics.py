@@ -1,0 +1,58 @@
+"""Every Prometheus metric of the coordinator, in one place (``rollmux_`` prefix, base units).
+
+Each server builds its own `CollectorRegistry`, so several coordinators can live in one process
+(tests, the load benchmark). Labels stay low-cardinality: pool, reason, outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+GRANT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    registry: CollectorRegistry
+    permits_granted: Counter  # rollmux_permits_granted_total{pool}
+    permits_revoked: Counter  # rollmux_permits_revoked_total{reason}
+    permits_released: Counter  # rollmux_permits_released_total{pool}
+    grant_latency: Histogram  # rollmux_grant_latency_seconds: nodes free -> grant durable and sent
+    queue_length: Gauge  # rollmux_queue_length{pool}: queued phases summed over the pool's nodes
+    bubble_seconds: Counter  # rollmux_bubble_seconds_total{pool}: node-seconds free while work was queued
+    provisioned_usd_per_h: Gauge  # rollmux_provisioned_usd_per_hour: Cost of all groups
+    jobs: Gauge  # rollmux_jobs{state}
+    nodes: Gauge  # rollmux_nodes{state}
+    store_commits: Counter  # rollmux_store_commits_total{outcome}
+    ready: Gauge  # rollmux_ready: 1 when serving
+    build_info: Gauge  # rollmux_build_info{version}
+
+
+def create_metrics(version: str = "0.1.0") -> Metrics:
+    r = CollectorRegistry()
+    m = Metrics(
+        registry=r,
+        permits_granted=Counter("rollmux_permits_granted_total", "Run permits granted", ["pool"], registry=r),
+        permits_revoked=Counter("rollmux_permits_revoked_total", "Leases ended other than by release",
+                                ["reason"], registry=r),
+        permits_released=Counter("rollmux_permits_released_total", "Run permits released by their holder",
+                                 ["pool"], registry=r),
+        grant_latency=Histogram("rollmux_grant_latency_seconds",
+                                "From the moment a permit became grantable to its durable grant",
+                                buckets=GRANT_BUCKETS_S, registry=r),
+        queue_length=Gauge("rollmux_queue_length", "Queued phases over the pool's nodes", ["pool"], registry=r),
+        bubble_seconds=Counter("rollmux_bubble_seconds_total",
+                               "Node-seconds a node sat free while a phase was queued on it", ["pool"], registry=r),
+        provisioned_usd_per_h=Gauge("rollmux_provisioned_usd_per_hour", "Hourly price of all groups' GPUs",
+                                    registry=r),
+        jobs=Gauge("rollmux_jobs", "Registered jobs", ["state"], registry=r),
+        nodes=Gauge("rollmux_nodes", "Registered nodes", ["state"], registry=r),
+        store_commits=Counter("rollmux_store_commits_total", "Batched state-store commits", ["outcome"],
+                              registry=r),
+        ready=Gauge("rollmux_ready", "1 when the coordinator serves requests", registry=r),
+        build_info=Gauge("rollmux_build_info", "Build information", ["version"], registry=r),
+    )
+    m.build_info.labels(version=version).set(1)
+    return m

@@ -1,0 +1,178 @@
+"""Mutable runtime records and their stored form.
+
+Each record is a small class guarding its own fields; the runtime changes lifecycle states only
+through `states.transition`. Records serialise to compact JSON under one key each:
+
+| key               | record                                                       |
+|-------------------|--------------------------------------------------------------|
+| ``meta``          | counters: last epoch, arrival sequence                       |
+| ``node/<id>``     | `NodeRecord`                                                 |
+| ``job/<name>``    | `JobRecord` (spec, token hash, admission, placement)         |
+| ``permit/<name>`` | `PermitRecord` (the job's current phase, lease, estimates)   |
+| ``queue/<node>``  | FIFO of job names waiting for that node                      |
+| ``group/<gid>``   | `GroupRecord` (round-robin member order, nodes)              |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from rollmux.coordinator.service.api import JobState, NodeState, PermitState
+from rollmux.model import JobSpec, Phase, Pool
+
+PHASE_ORDER: tuple[Phase, ...] = (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
+"""On-policy order inside one iteration: Rollout(i) -> Train(i) -> Sync(i) -> Rollout(i+1)."""
+
+
+def next_phase(phase: Phase, iteration: int) -> tuple[Phase, int]:
+    """The phase that follows `phase` of `iteration` in on-policy order."""
+    if phase is Phase.SYNC:
+        return Phase.ROLLOUT, iteration + 1
+    return PHASE_ORDER[PHASE_ORDER.index(phase) + 1], iteration
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
+    return {f.name: getattr(spec, f.name) for f in fields(spec)}
+
+
+def spec_from_dict(data: dict[str, Any]) -> JobSpec:
+    return JobSpec(**data)
+
+
+@dataclass(slots=True, kw_only=True)
+class Meta:
+    epoch: int = 0  # last fencing token handed out (cluster-wide, increasing)
+    seq: int = 0  # last arrival sequence number
+
+    def to_json(self) -> str:
+        return dumps({"epoch": self.epoch, "seq": self.seq})
+
+    @classmethod
+    def from_json(cls, raw: str) -> Meta:
+        return cls(**json.loads(raw))
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeRecord:
+    node_id: str
+    pool: Pool
+    gpu_type: str
+    gpu_count: int
+    host_dram_bytes: int
+    nvml: dict[str, str] = field(default_factory=dict)
+    state: NodeState = NodeState.READY
+    streams: bool = False  # has had a sidecar stream: liveness then gates grants on it
+    history: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"node {self.node_id}"
+
+    def to_json(self) -> str:
+        return dumps({"node_id": self.node_id, "pool": self.pool.value, "gpu_type": self.gpu_type,
+                      "gpu_count": self.gpu_count, "host_dram_bytes": self.host_dram_bytes, "nvml": self.nvml,
+                      "state": self.state.value, "streams": self.streams, "history": self.history})
+
+    @classmethod
+    def from_json(cls, raw: str) -> NodeRecord:
+        d = json.loads(raw)
+        d["pool"] = Pool(d["pool"])
+        d["state"] = NodeState(d["state"])
+        return cls(**d)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobRecord:
+    name: str
+    spec: JobSpec  # resolved by the profiler (times and state bytes present)
+    token_sha256: str  # hex digest of the job token
+    nonce_sha256: str  # hex digest of the registration nonce (idempotent retries)
+    seq: int  # arrival order
+    state: JobState = JobState.PENDING
+    group_id: str = ""
+    rollout_nodes: tuple[str, ...] = ()
+    train_nodes: tuple[str, ...] = ()
+    placement: str = ""  # the policy's explanation
+    history: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"job {self.name}"
+
+    def to_json(self) -> str:
+        return dumps({"name": self.name, "spec": spec_to_dict(self.spec), "token_sha256": self.token_sha256,
+                      "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
+                      "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
+                      "train_nodes": list(self.train_nodes), "placement": self.placement,
+                      "history": self.history})
+
+    @classmethod
+    def from_json(cls, raw: str) -> JobRecord:
+        d = json.loads(raw)
+        d["spec"] = spec_from_dict(d["spec"])
+        d["state"] = JobState(d["state"])
+        d["rollout_nodes"] = tuple(d["rollout_nodes"])
+        d["train_nodes"] = tuple(d["train_nodes"])
+        return cls(**d)
+
+
+@dataclass(slots=True, kw_only=True)
+class PermitRecord:
+    """A job's current phase and, while GRANTED, its lease."""
+
+    job: str
+    phase: Phase = Phase.ROLLOUT
+    iteration: int = 0
+    state: PermitState = PermitState.QUEUED
+    epoch: int = 0  # fencing token of the current (or last) lease; 0 = never granted
+    nodes: tuple[str, ...] = ()  # nodes the lease holds now (shrinks on long-tail migration)
+    migrated: bool = False  # a migration directive was issued for this lease
+    last_released_epoch: int = 0  # makes a retried release idempotent
+    observed_roll_s: float = 0.0  # moving average of measured rollout durations
+    observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations
+    history: list = field(default_factory=list)
+    # not stored: monotonic deadlines kept in memory only (reset to now + TTL after a reload,
+    # since holders could not renew while the coordinator or the store was down)
+    expires_at: float = 0.0
+    queued_at: float = 0.0
+    grantable_at: float = 0.0  # when the last needed node became free (grant latency starts here)
+
+    def describe(self) -> str:
+        return f"permit {self.job} {self.phase.value}({self.iteration}) epoch {self.epoch}"
+
+    def to_json(self) -> str:
+        return dumps({"job": self.job, "phase": self.phase.value, "iteration": self.iteration,
+                      "state": self.state.value, "epoch": self.epoch, "nodes": list(self.nodes),
+                      "migrated": self.migrated, "last_released_epoch": self.last_released_epoch,
+                      "observed_roll_s": self.observed_roll_s, "observed_train_s": self.observed_train_s,
+                      "history": self.history})
+
+    @classmethod
+    def from_json(cls, raw: str) -> PermitRecord:
+        d = json.loads(raw)
+        d["phase"] = Phase(d["phase"])
+        d["state"] = PermitState(d["state"])
+        d["nodes"] = tuple(d["nodes"])
+        return cls(**d)
+
+
+@dataclass(slots=True, kw_only=True)
+class GroupRecord:
+    group_id: str
+    train_nodes: tuple[str, ...]
+    rollout_nodes: tuple[str, ...]  # in the order they joined the group
+    members: tuple[str, ...]  # round-robin order
+
+    def to_json(self) -> str:
+        return dumps({"group_id": self.group_id, "train_nodes": list(self.train_nodes),
+                      "rollout_nodes": list(self.rollout_nodes), "members": list(self.members)})
+
+    @classmethod
+    def from_json(cls, raw: str) -> GroupRecord:
+        d = json.loads(raw)
+        return cls(group_id=d["group_id"], train_nodes=tuple(d["train_nodes"]),
+                   rollout_nodes=tuple(d["rollout_nodes"]), members=tuple(d["members"]))

@@ -1,0 +1,372 @@
+"""The `rollmux.v1.Coordinator` gRPC servicer: authenticate, validate, convert, call the core.
+
+Each handler converts its request to domain values (refusing malformed input with
+INVALID_ARGUMENT before anything changes), checks the caller's token, runs one transition through
+`Coordinator.mutate` and converts the answer back. `ServiceError`s become gRPC statuses here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from rollmux.coordinator.service.api import (
+    InvalidArgumentError,
+    JobState,
+    NodeState,
+    PermitState,
+    ServiceError,
+    WaitOutcome,
+)
+from rollmux.coordinator.service.auth import Authenticator, bearer, new_token, sha256_hex
+from rollmux.coordinator.service.core import Coordinator
+from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.errors import SpecError
+from rollmux.model import JobSpec, Node
+from rollmux.proto import convert
+from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+
+log = logging.getLogger("rollmux.coordinator")
+
+NODE_METADATA_KEY = "x-rollmux-node"
+"""gRPC metadata naming the node of a NodeStream."""
+
+OUTCOME_TO_PB = {WaitOutcome.GRANTED: pb.WAIT_OUTCOME_GRANTED, WaitOutcome.TIMEOUT: pb.WAIT_OUTCOME_TIMEOUT,
+                 WaitOutcome.JOB_REMOVED: pb.WAIT_OUTCOME_JOB_REMOVED}
+
+
+def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map `ServiceError` to its gRPC status; log everything else as a bug (INTERNAL)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: CoordinatorServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except ServiceError as exc:
+            await context.abort(exc.code, str(exc))
+        except SpecError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    return wrapper
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    """Args:
+        core: the coordinator shell.
+        auth: token checks.
+        resolve: fills a job spec's missing times and state sizes (the profiler).
+    """
+
+    def __init__(self, core: Coordinator, auth: Authenticator, resolve: Callable[[JobSpec], JobSpec]) -> None:
+        self.core = core
+        self.auth = auth
+        self.resolve = resolve
+
+    # ------------------------------------------------------------------------------------------
+    # validation helpers
+    # ------------------------------------------------------------------------------------------
+    def _name(self, value: str, field: str) -> str:
+        limit = self.core.config.max_name_len
+        if not value:
+            raise InvalidArgumentError(f"{field} is missing: expected a non-empty name")
+        if len(value) > limit or not value.isprintable() or any(c.isspace() for c in value):
+            raise InvalidArgumentError(f"{field}={value[:40]!r} is invalid: expected at most {limit} printable "
+                                       "characters without spaces")
+        return value
+
+    def _job(self, context: grpc.aio.ServicerContext, name: str) -> str:
+        name = self._name(name, "job")
+        self.core.require_ready()
+        job = self.core.rt.job(name)
+        self.auth.check_job(bearer(context.invocation_metadata()), name, job.token_sha256)
+        return name
+
+    @staticmethod
+    def _epoch(value: int) -> int:
+        if value <= 0:
+            raise InvalidArgumentError(f"epoch={value} is invalid: expected the positive epoch of a granted lease")
+        return value
+
+    # ------------------------------------------------------------------------------------------
+    # node side
+    # ------------------------------------------------------------------------------------------
+    @_rpc
+    async def RegisterNode(self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext) -> Any:
+        node_id = self._name(request.node_id, "node_id")
+        self.auth.check_node(bearer(context.invocation_metadata()), node_id)
+        pool = convert.pool_from_pb(request.pool)
+        self._name(request.gpu_type, "gpu_type")
+        if len(request.nvml) > self.core.config.max_nvml_entries:
+            raise InvalidArgumentError(f"nvml has {len(request.nvml)} entries: expected at most "
+                                       f"{self.core.config.max_nvml_entries}")
+        try:
+            Node(node_id=node_id, pool=pool, gpu_type=request.gpu_type, gpu_count=request.gpu_count,
+                 host_dram_bytes=request.host_dram_bytes)
+        except SpecError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        node = await self.core.mutate(lambda rt: rt.register_node(
+            node_id=node_id, pool=pool, gpu_type=request.gpu_type, gpu_count=request.gpu_count,
+            host_dram_bytes=request.host_dram_bytes, nvml=dict(request.nvml)))
+        log.info("node registered", extra={"node": node_id})
+        return pb.RegisterNodeResponse(node_id=node_id, state=node.state.value,
+                                       heartbeat_interval_s=self.core.config.heartbeat_interval_s)
+
+    async def NodeStream(self, request_iterator: AsyncIterator[pb.NodeUp],
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.NodeDown]:
+        md = dict(context.invocation_metadata() or ())
+        node_id = md.get(NODE_METADATA_KEY, "")
+        try:
+            node_id = self._name(node_id if isinstance(node_id, str) else node_id.decode(), NODE_METADATA_KEY)
+            self.auth.check_node(bearer(context.invocation_metadata()), node_id)
+            self.core.require_ready()
+            self.core.rt.node(node_id)
+        except ServiceError as exc:
+            await context.abort(exc.code, str(exc))
+            return
+        outbox = self.core.open_stream(node_id)
+        reader = asyncio.get_running_loop().create_task(self._read_heartbeats(node_id, request_iterator, outbox))
+        try:
+            await self.core.mutate(lambda rt: rt.node_connected(node_id))
+        except ServiceError:
+            pass  # not ready: the reload reconnects open streams
+        try:
+            while True:
+                notice = await outbox.get()
+                if notice is None:
+                    return
+                msg = self._node_message(node_id, notice)
+                if msg is not None:
+                    yield msg
+        finally:
+            reader.cancel()
+            if self.core.close_stream(node_id, outbox) and self.core.ready:
+                try:
+                    await self.core.mutate(lambda rt: rt.node_disconnected(node_id))
+                except ServiceError:
+                    pass
+
+    async def _read_heartbeats(self, node_id: str, requests: AsyncIterator[pb.NodeUp],
+                               outbox: asyncio.Queue[Notice | None]) -> None:
+        try:
+            async for msg in requests:
+                if msg.HasField("heartbeat") and self.core.ready and node_id in self.core.rt.nodes:
+                    self.core.rt.heartbeat(node_id, msg.heartbeat.active_epochs)
+        except (asyncio.CancelledError, grpc.RpcError):
+            pass
+        finally:
+            outbox.put_nowait(None)  # the sidecar went away: end the stream
+
+    def _node_message(self, node_id: str, notice: Notice) -> pb.NodeDown | None:
+        rt = self.core.rt
+        ttl = self.core.config.lease_ttl_s
+        if notice.kind is NoticeKind.NODE:
+            node = rt.nodes.get(node_id)
+            if node is None:
+                return None
+            snap = pb.NodeSnapshot(node_id=node_id, state=node.state.value)
+            holder = rt.holder.get(node_id)
+            if holder is not None:
+                snap.holder.CopyFrom(convert.lease_to_pb(rt.permits[holder], ttl))
+            return pb.NodeDown(snapshot=snap)
+        if notice.kind is NoticeKind.GRANTED:
+            permit = rt.permits.get(notice.job)
+            if permit is None or permit.epoch != notice.epoch:
+                return None
+            return pb.NodeDown(granted=pb.PermitGranted(lease=convert.lease_to_pb(permit, ttl)))
+        if notice.kind is NoticeKind.REVOKED:
+            return pb.NodeDown(revoked=pb.PermitRevoked(job=notice.job, epoch=notice.epoch, reason=notice.reason))
+        if notice.kind is NoticeKind.MIGRATE:
+            return pb.NodeDown(migrate=pb.MigrationDirective(job=notice.job, epoch=notice.epoch,
+                                                             keep_nodes=notice.keep_nodes,
+                                                             release_nodes=notice.release_nodes))
+        return None
+
+    # ------------------------------------------------------------------------------------------
+    # job side
+    # ------------------------------------------------------------------------------------------
+    @_rpc
+    async def RegisterJob(self, request: pb.RegisterJobRequest, context: grpc.aio.ServicerContext) -> Any:
+        self.auth.check_operator(bearer(context.invocation_metadata()))
+        if not request.HasField("spec"):
+            raise InvalidArgumentError("spec is missing: expected a JobSpec")
+        self._name(request.spec.name, "spec.name")
+        if len(request.nonce) > 256:
+            raise InvalidArgumentError("nonce is longer than 256 characters")
+        spec = convert.spec_from_pb(request.spec)
+        try:
+            spec = self.resolve(spec)
+            spec.validate_for(self.core.cluster)
+        except SpecError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        token = new_token()
+        nonce = request.nonce or new_token()
+        job, rotated = await self.core.mutate(lambda rt: rt.register_job(
+            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce)))
+        log.info("job registered%s", " again (token rotated)" if rotated else "",
+                 extra={"job": spec.name, "group": job.group_id, "state": job.state.value})
+        return pb.RegisterJobResponse(job_token=token, status=job_status(self.core.rt, spec.name))
+
+    @_rpc
+    async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        return job_status(self.core.rt, name)
+
+    @_rpc
+    async def AcquirePermit(self, request: pb.AcquirePermitRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        phase = convert.phase_from_pb(request.phase)
+        if request.iteration < 0:
+            raise InvalidArgumentError(f"iteration={request.iteration} is invalid: expected >= 0")
+        if not math.isfinite(request.timeout_s) or request.timeout_s < 0:
+            raise InvalidArgumentError(f"timeout_s={request.timeout_s} is invalid: expected a finite number >= 0")
+        core = self.core
+        wait_s = min(request.timeout_s, core.config.max_wait_s)
+        remaining_rpc = context.time_remaining()
+        if remaining_rpc is not None:
+            wait_s = min(wait_s, max(0.0, remaining_rpc - 0.05))
+        start = core.clock()
+        deadline = start + wait_s
+        while True:
+            if name not in core.rt.jobs:
+                return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_JOB_REMOVED, waited_s=core.clock() - start,
+                                                reason=f"job {name!r} was removed while waiting")
+            permit = await core.mutate(lambda rt: rt.acquire(name, phase, request.iteration))
+            if permit is not None and permit.state is PermitState.GRANTED:
+                await core.barrier()  # only hand out a grant the store holds
+                return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_GRANTED, waited_s=core.clock() - start,
+                                                lease=convert.lease_to_pb(permit, core.config.lease_ttl_s))
+            remaining = deadline - core.clock()
+            if remaining <= 0:
+                return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_TIMEOUT, waited_s=core.clock() - start,
+                                                reason=f"waited {wait_s:.3g}s: {core.rt.wait_reason(name)}")
+            event = core.job_event(name)
+            try:
+                await asyncio.wait_for(event.wait(), timeout=remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    @_rpc
+    async def RenewPermit(self, request: pb.RenewPermitRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        epoch = self._epoch(request.epoch)
+        ttl = await self.core.mutate(lambda rt: rt.renew(name, epoch))
+        return pb.RenewPermitResponse(ttl_s=ttl)
+
+    @_rpc
+    async def ReleasePermit(self, request: pb.ReleasePermitRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        epoch = self._epoch(request.epoch)
+        if not math.isfinite(request.duration_s) or request.duration_s < 0:
+            raise InvalidArgumentError(f"duration_s={request.duration_s} is invalid: expected a finite number >= 0")
+        permit = self.core.rt.permits.get(name)
+        pool = "rollout" if permit is not None and permit.phase.value == "rollout" else "train"
+        res = await self.core.mutate(lambda rt: rt.release(name, epoch, request.duration_s))
+        if res.already_released:
+            await self.core.barrier()
+        else:
+            self.core.metrics.permits_released.labels(pool=pool).inc()
+        return pb.ReleasePermitResponse(next_phase=convert.PHASE_TO_PB[res.next_phase],
+                                        next_iteration=res.next_iteration, already_released=res.already_released)
+
+    @_rpc
+    async def ReportProgress(self, request: pb.ReportProgressRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        epoch = self._epoch(request.epoch)
+        decision = await self.core.mutate(lambda rt: rt.report_progress(name, epoch, request.finished, request.total))
+        resp = pb.ReportProgressResponse(ttl_s=self.core.config.lease_ttl_s)
+        if decision is not None:
+            log.info("long-tail migration", extra={"job": name, "epoch": epoch,
+                                                   "release": ",".join(decision.release_nodes)})
+            resp.migrate.CopyFrom(pb.MigrationDirective(job=name, epoch=epoch, keep_nodes=decision.keep_nodes,
+                                                        release_nodes=decision.release_nodes))
+        return resp
+
+    @_rpc
+    async def DeregisterJob(self, request: pb.DeregisterJobRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        released = await self.core.mutate(lambda rt: rt.remove_job(name, reason="deregistered"))
+        log.info("job deregistered", extra={"job": name})
+        return pb.DeregisterJobResponse(released_nodes=released)
+
+    # ------------------------------------------------------------------------------------------
+    # operator side
+    # ------------------------------------------------------------------------------------------
+    @_rpc
+    async def GetClusterState(self, request: pb.ClusterStateRequest, context: grpc.aio.ServicerContext) -> Any:
+        self.auth.check_operator(bearer(context.invocation_metadata()))
+        return cluster_state(self.core.rt, ready=self.core.ready, fence=self.core.fence,
+                             ttl_s=self.core.config.lease_ttl_s)
+
+    @_rpc
+    async def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext) -> Any:
+        self.auth.check_operator(bearer(context.invocation_metadata()))
+        node_id = self._name(request.node_id, "node_id")
+        state = await self.core.mutate(lambda rt: rt.drain_node(node_id))
+        log.info("node drain", extra={"node": node_id, "state": state.value})
+        return pb.DrainNodeResponse(state=state.value)
+
+    @_rpc
+    async def RemoveJob(self, request: pb.RemoveJobRequest, context: grpc.aio.ServicerContext) -> Any:
+        self.auth.check_operator(bearer(context.invocation_metadata()))
+        name = self._name(request.job, "job")
+        released = await self.core.mutate(lambda rt: rt.remove_job(name, reason="removed by operator"))
+        log.info("job removed by operator", extra={"job": name})
+        return pb.DeregisterJobResponse(released_nodes=released)
+
+
+# ----------------------------------------------------------------------------------------------
+# views
+# ----------------------------------------------------------------------------------------------
+
+
+def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStatus:
+    job = rt.job(name)
+    ttl = rt.config.lease_ttl_s if ttl_s is None else ttl_s
+    msg = pb.JobStatus(job=name, state=job.state.value, group_id=job.group_id, rollout_nodes=job.rollout_nodes,
+                       train_nodes=job.train_nodes, placement=job.placement)
+    permit = rt.permits.get(name)
+    if permit is None:
+        msg.next_phase, msg.next_iteration, msg.permit_state = pb.PHASE_ROLLOUT, 0, "pending-admission"
+    else:
+        msg.next_phase = convert.PHASE_TO_PB[permit.phase]
+        msg.next_iteration, msg.permit_state = permit.iteration, permit.state.value
+        msg.observed_roll_s, msg.observed_train_s = permit.observed_roll_s, permit.observed_train_s
+        if permit.state is PermitState.GRANTED:
+            msg.lease.CopyFrom(convert.lease_to_pb(permit, ttl))
+    if job.state is JobState.PENDING:
+        msg.pending_position = rt.pending().index(name) + 1
+    return msg
+
+
+def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> pb.ClusterStateResponse:
+    node_group = {}
+    for g in rt.groups.values():
+        for n in (*g.train_nodes, *g.rollout_nodes):
+            node_group[n] = g.group_id
+    resp = pb.ClusterStateResponse(ready=ready, leader_fence=fence, pending=rt.pending(),
+                                   usd_per_h=rt.placement.usd_per_h)
+    for node in sorted(rt.nodes.values(), key=lambda n: (n.pool.value, n.node_id)):
+        info = pb.NodeInfo(node_id=node.node_id, pool=convert.POOL_TO_PB[node.pool], gpu_type=node.gpu_type,
+                           gpu_count=node.gpu_count, host_dram_bytes=node.host_dram_bytes, state=node.state.value,
+                           group_id=node_group.get(node.node_id, ""), queue=rt.queues.get(node.node_id, []),
+                           connected=node.node_id in rt.connected)
+        holder = rt.holder.get(node.node_id)
+        if holder is not None:
+            info.holder.CopyFrom(convert.lease_to_pb(rt.permits[holder], ttl_s))
+        resp.nodes.append(info)
+    for gid, g in rt.placement.groups.items():
+        resp.groups.append(pb.GroupInfo(group_id=gid, jobs=list(g.members), rollout_nodes=list(g.rollout),
+                                        train_nodes=list(g.train_nodes), usd_per_h=g.usd_per_h))
+    for name in sorted(rt.jobs, key=lambda n: rt.jobs[n].seq):
+        resp.jobs.append(job_status(rt, name, ttl_s))
+    return resp
+
+
+__all__ = ["CoordinatorServicer", "NodeState", "cluster_state", "job_status"]

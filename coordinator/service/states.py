@@ -1,0 +1,104 @@
+"""The lifecycles as data: one transition table per state machine and one `transition()`.
+
+Each table maps a state to its allowed successors; the comment on each edge names the event that
+causes it. `transition()` refuses any other edge and appends (from, to, time, reason) to the record's
+history, so an operator can ask how a permit or node got where it is.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TypeVar
+
+from rollmux.coordinator.service.api import IllegalTransitionError, JobState, NodeState, PermitState
+
+S = TypeVar("S", bound=Enum)
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({
+        JobState.ADMITTED,  # free nodes can host its placement and it is head of the admission queue
+        JobState.REMOVED,  # deregistered or removed by an operator before admission
+    }),
+    JobState.ADMITTED: frozenset({
+        JobState.REMOVED,  # deregistered or removed by an operator
+    }),
+    JobState.REMOVED: frozenset(),
+}
+JOB_TERMINAL: frozenset[JobState] = frozenset({JobState.REMOVED})
+
+PERMIT_TRANSITIONS: dict[PermitState, frozenset[PermitState]] = {
+    PermitState.QUEUED: frozenset({
+        PermitState.GRANTED,  # head of every needed node queue and all those nodes free and ready
+        PermitState.CANCELLED,  # job removed
+    }),
+    PermitState.GRANTED: frozenset({
+        PermitState.RELEASED,  # the holder released it with the current epoch
+        PermitState.EXPIRED,  # TTL lapsed without a renew, heartbeat or progress report
+        PermitState.REVOKED,  # operator removed the job or drained a node under it
+        PermitState.CANCELLED,  # job removed
+    }),
+    PermitState.EXPIRED: frozenset({
+        PermitState.QUEUED,  # the job asked for the phase again: back to the tail of the queues
+        PermitState.CANCELLED,  # job removed
+    }),
+    PermitState.REVOKED: frozenset({
+        PermitState.QUEUED,  # the job asked for the phase again
+        PermitState.CANCELLED,  # job removed
+    }),
+    PermitState.RELEASED: frozenset(),
+    PermitState.CANCELLED: frozenset(),
+}
+PERMIT_TERMINAL: frozenset[PermitState] = frozenset({PermitState.RELEASED, PermitState.CANCELLED})
+PERMIT_PARKED: frozenset[PermitState] = frozenset({PermitState.EXPIRED, PermitState.REVOKED})
+
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    NodeState.READY: frozenset({
+        NodeState.LOST,  # the sidecar's stream closed
+        NodeState.DRAINING,  # operator drain
+    }),
+    NodeState.LOST: frozenset({
+        NodeState.READY,  # the sidecar reconnected
+        NodeState.DRAINING,  # operator drain
+    }),
+    NodeState.DRAINING: frozenset({
+        NodeState.DRAINED,  # no permit holds it any more
+    }),
+    NodeState.DRAINED: frozenset(),
+}
+
+HISTORY_LIMIT = 8
+"""Transitions kept per record (oldest dropped)."""
+
+
+def check_transition(table: dict[S, frozenset[S]], current: S, new: S, what: str) -> None:
+    """Raise `IllegalTransitionError` unless `current -> new` is an edge of `table`.
+
+    Raises:
+        IllegalTransitionError: the edge is not in the table.
+    """
+    if new not in table[current]:
+        allowed = sorted(s.value for s in table[current]) or ["none (terminal)"]
+        raise IllegalTransitionError(
+            f"{what}: illegal transition {current.value} -> {new.value}; allowed from "
+            f"{current.value}: {', '.join(allowed)}")
+
+
+def transition(record: object, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
+    """Move `record.state` to `new` through `table`, recording (from, to, time, reason).
+
+    Args:
+        record: any object with `state` and `history` (list) attributes and a `describe()` method.
+        table: the state machine's transition table.
+        new: the target state.
+        now: wall time of the event, seconds since the epoch.
+        reason: the event, for the history.
+
+    Raises:
+        IllegalTransitionError: the edge is not in the table; the record is unchanged.
+    """
+    current = record.state  # type: ignore[attr-defined]
+    check_transition(table, current, new, record.describe())  # type: ignore[attr-defined]
+    record.state = new  # type: ignore[attr-defined]
+    history: list = record.history  # type: ignore[attr-defined]
+    history.append((current.value, new.value, round(now, 3), reason))
+    del history[:-HISTORY_LIMIT]
