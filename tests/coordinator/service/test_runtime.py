@@ -1,0 +1,220 @@
+"""The runtime's transitions on a fake clock: queues, round-robin order, leases, refusals, recovery."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rollmux.coordinator.service.api import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    JobState,
+    NodeState,
+    NotFoundError,
+    PermitState,
+    StaleEpochError,
+)
+from rollmux.coordinator.service.runtime import Runtime
+from rollmux.model import Phase
+
+from .builders import make_runtime, register
+
+
+def grant(rt: Runtime, name: str):  # type: ignore[no-untyped-def]
+    p = rt.permits[name]
+    got = rt.acquire(name, p.phase, p.iteration)
+    assert got is not None and got.state is PermitState.GRANTED, rt.wait_reason(name)
+    return got
+
+
+def test_packed_jobs_share_a_rollout_node_in_round_robin_order() -> None:
+    rt, _ = make_runtime()
+    a = register(rt, "a", nr=16)  # two rollout nodes
+    b = register(rt, "b", nr=8)  # packed onto one of a's nodes
+    assert a.group_id == b.group_id and set(b.rollout_nodes) < set(a.rollout_nodes)
+    shared = b.rollout_nodes[0]
+    pa = grant(rt, "a")
+    assert rt.permits["b"].state is PermitState.QUEUED
+    assert "behind" in rt.wait_reason("b") or "held by job 'a'" in rt.wait_reason("b")
+    rt.release("a", pa.epoch, 1.0)
+    pb = grant(rt, "b")  # b's rollout gets the node as soon as a releases it
+    assert pb.nodes == (shared,)
+    pa_train = grant(rt, "a")  # a trains while b rolls out
+    assert pa_train.phase is Phase.TRAIN
+    rt.release("a", pa_train.epoch, 1.0)
+    pa_sync = grant(rt, "a")  # sync continues train on the training nodes
+    assert pa_sync.phase is Phase.SYNC
+    rt.release("a", pa_sync.epoch, 1.0)
+    # a's rollout(1) queues behind b on the shared node: round-robin order holds
+    assert rt.permits["a"].state is PermitState.QUEUED and rt.queues[shared] == ["a"]
+    rt.release("b", pb.epoch, 1.0)
+    assert grant(rt, "a").iteration == 1
+    rt.check_invariants()
+
+
+def test_epochs_increase_and_stale_epochs_are_refused_without_change() -> None:
+    rt, clock = make_runtime(ttl=5.0)
+    register(rt, "a")
+    e0 = grant(rt, "a").epoch
+    clock.advance(6.0)
+    assert rt.expire() == ["a"]
+    assert rt.permits["a"].state is PermitState.EXPIRED
+    rt.take_changes()
+    for call in (lambda: rt.release("a", e0, 1.0), lambda: rt.renew("a", e0),
+                 lambda: rt.report_progress("a", e0, 1, 2)):
+        with pytest.raises(StaleEpochError, match="stale"):
+            call()
+    assert rt.take_changes() == ({}, [])
+    assert grant(rt, "a").epoch > e0  # asking again requeues and grants with a new epoch
+
+
+def test_expired_lease_goes_to_the_next_job() -> None:
+    rt, clock = make_runtime(ttl=5.0)
+    register(rt, "a", nr=16)
+    register(rt, "b", nr=8)
+    grant(rt, "a")
+    clock.advance(3.0)
+    rt.renew("a", rt.permits["a"].epoch)
+    clock.advance(3.0)
+    assert rt.expire() == []  # renewed
+    clock.advance(5.0)
+    assert rt.expire() == ["a"]
+    assert rt.permits["b"].state is PermitState.GRANTED
+    assert rt.acquire("a", Phase.ROLLOUT, 0).state is PermitState.QUEUED  # back at the tail
+    rt.check_invariants()
+
+
+@pytest.mark.parametrize("phase,iteration", [(Phase.TRAIN, 0), (Phase.ROLLOUT, 1), (Phase.SYNC, 0)],
+                         ids=["train-before-rollout", "skip-iteration", "sync-before-train"])
+def test_out_of_order_phase_is_refused(phase: Phase, iteration: int) -> None:
+    rt, _ = make_runtime()
+    register(rt, "a")
+    rt.take_changes()
+    with pytest.raises(FailedPreconditionError, match="out of order"):
+        rt.acquire("a", phase, iteration)
+    assert rt.take_changes() == ({}, [])
+
+
+def test_release_is_idempotent_for_the_same_epoch() -> None:
+    rt, _ = make_runtime()
+    register(rt, "a")
+    p = grant(rt, "a")
+    first = rt.release("a", p.epoch, 2.0)
+    again = rt.release("a", p.epoch, 2.0)
+    assert again.already_released and (again.next_phase, again.next_iteration) == (first.next_phase, 0)
+    assert rt.permits["a"].observed_roll_s == 2.0
+
+
+def test_observed_durations_update_estimates() -> None:
+    rt, _ = make_runtime()
+    register(rt, "a")
+    for roll in (10.0, 20.0):
+        p = grant(rt, "a")
+        rt.release("a", p.epoch, roll)
+        for _ in range(2):
+            p = grant(rt, "a")
+            rt.release("a", p.epoch, 4.0)
+    assert rt.permits["a"].observed_roll_s == pytest.approx(15.0)  # alpha 0.5
+    assert rt.permits["a"].observed_train_s > 0
+
+
+def test_pending_jobs_are_admitted_in_arrival_order_when_nodes_appear() -> None:
+    rt, _ = make_runtime(n_rollout=1, n_train=1)
+    register(rt, "a")
+    b = register(rt, "b", nr=32, slo=1.0)  # needs 4 rollout nodes of its own
+    c = register(rt, "c", nr=8, slo=1.0)
+    assert b.state is JobState.PENDING and c.state is JobState.PENDING  # c waits behind b
+    assert "position 2" in rt.wait_reason("c")
+    assert rt.acquire("b", Phase.ROLLOUT, 0) is None
+    from rollmux.model import Pool
+
+    for i in range(1, 8):
+        rt.register_node(node_id=f"x{i}", pool=Pool.ROLLOUT if i < 7 else Pool.TRAIN, gpu_type="H20",
+                         gpu_count=8, host_dram_bytes=2 * 10**12, nvml={})
+    assert rt.jobs["b"].state is JobState.ADMITTED
+    rt.check_invariants()
+
+
+def test_remove_job_revokes_its_lease_and_frees_the_node() -> None:
+    rt, _ = make_runtime()
+    register(rt, "a", nr=16)
+    register(rt, "b", nr=8)
+    grant(rt, "a")
+    rt.remove_job("a", reason="test")
+    assert "a" not in rt.jobs and rt.permits["b"].state is PermitState.GRANTED
+    with pytest.raises(NotFoundError):
+        rt.acquire("a", Phase.ROLLOUT, 0)
+    rt.check_invariants()
+
+
+def test_drain_finishes_the_running_permit_then_blocks_grants() -> None:
+    rt, _ = make_runtime()
+    register(rt, "a", nr=16)
+    register(rt, "b", nr=8)
+    p = grant(rt, "a")
+    node = rt.jobs["b"].rollout_nodes[0]
+    assert rt.drain_node(node) is NodeState.DRAINING
+    rt.release("a", p.epoch, 1.0)
+    assert rt.nodes[node].state is NodeState.DRAINED
+    assert rt.permits["b"].state is PermitState.QUEUED
+    assert "drained" in rt.wait_reason("b")
+
+
+def test_long_tail_migration_frees_nodes_for_the_next_rollout() -> None:
+    rt, _ = make_runtime()
+    register(rt, "a", nr=16)
+    b = register(rt, "b", nr=8)
+    p = grant(rt, "a")
+    assert rt.report_progress("a", p.epoch, 50, 100) is None  # not tail-bound yet
+    with pytest.raises(InvalidArgumentError):
+        rt.report_progress("a", p.epoch, 101, 100)
+    d = rt.report_progress("a", p.epoch, 90, 100)
+    assert d is not None and d.release_nodes == b.rollout_nodes and len(d.keep_nodes) == 1
+    assert rt.permits["b"].state is PermitState.GRANTED  # b's rollout starts on the freed node
+    assert rt.report_progress("a", p.epoch, 95, 100) is None  # once per lease
+    rt.release("a", p.epoch, 1.0)
+    rt.check_invariants()
+
+
+def test_reload_from_records_resumes_queues_and_leases() -> None:
+    rt, clock = make_runtime()
+    register(rt, "a", nr=16)
+    register(rt, "b", nr=8)
+    p = grant(rt, "a")
+    epoch = p.epoch
+    rt2 = Runtime.from_records(rt.records(), rt.cluster, rt.config, clock=clock, wall=clock)
+    assert rt2.holder == rt.holder and rt2.queues == rt.queues
+    assert rt2.permits["a"].epoch == epoch
+    rt2.release("a", epoch, 1.0)
+    assert rt2.permits["b"].state is PermitState.GRANTED
+    register(rt2, "c", nr=16)  # the policy state was restored: new groups get fresh ids
+    assert rt2.jobs["c"].group_id != rt2.jobs["a"].group_id
+    rt2.check_invariants()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_traces_keep_mutual_exclusion_and_on_policy_order(seed: int) -> None:
+    rng = random.Random(seed)
+    rt, clock = make_runtime(n_rollout=8, n_train=3, ttl=5.0)
+    names = [f"j{i}" for i in range(6)]
+    for i, n in enumerate(names):
+        register(rt, n, nr=16 if i % 2 == 0 else 8)
+    done: dict[str, list[tuple[str, int]]] = {n: [] for n in names}
+    for _ in range(600):
+        n = rng.choice(names)
+        p = rt.permits[n]
+        action = rng.random()
+        if p.state is PermitState.GRANTED and action < 0.7:
+            done[n].append((p.phase.value, p.iteration))
+            rt.release(n, p.epoch, rng.random())
+        elif action < 0.9:
+            rt.acquire(n, p.phase, p.iteration)
+        else:
+            clock.advance(rng.random() * 3)
+            rt.expire()
+        rt.check_invariants()
+    for n, phases in done.items():
+        expected = [(ph, i) for i in range(len(phases)) for ph in ("rollout", "train", "sync")][:len(phases)]
+        assert phases == expected, n
+    assert sum(len(v) for v in done.values()) > 100
