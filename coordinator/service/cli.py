@@ -1,0 +1,91 @@
+"""`rollmux coordinator`: run the coordinator service (gRPC + health + HTTP probes)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import sys
+
+HELP = "Run the coordinator service (gRPC API rollmux.v1, Redis or embedded state, probes, metrics)."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from rollmux.coordinator.service import env
+
+    parser.add_argument("--listen", default="0.0.0.0:50051", help="gRPC HOST:PORT (port 0 = any free port)")
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--redis", default=os.environ.get(env.REDIS_URL), help="Redis URL (redis://host:port/db)")
+    store.add_argument("--embedded", action="store_true", help="keep state in this process (single machine)")
+    parser.add_argument("--namespace", default="rollmux", help="Redis key prefix")
+    parser.add_argument("--http", default="0.0.0.0:8080", help="HOST:PORT for /livez /readyz /metrics ('' = off)")
+    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${env.BOOTSTRAP_SECRET})")
+    parser.add_argument("--instance-id", default=socket.gethostname(),
+                        help="leadership owner name; a restart with the same id takes over at once, "
+                             "a standby with another id waits for the lease to lapse")
+    parser.add_argument("--leader-ttl", type=float, default=5.0, help="leadership lease TTL, s")
+    parser.add_argument("--lease-ttl", type=float, default=10.0, help="run permit lease TTL, s")
+    parser.add_argument("--max-wait", type=float, default=300.0, help="longest server-side permit wait, s")
+    parser.add_argument("--migration-threshold", type=float, default=0.8,
+                        help="rollout progress at which it is tail-bound (long-tail migration)")
+    parser.add_argument("--rollout-gpu", default="H20")
+    parser.add_argument("--train-gpu", default="H800")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--tls-cert", help="PEM certificate (with --tls-key: serve TLS)")
+    parser.add_argument("--tls-key", help="PEM private key")
+    parser.add_argument("--port-file", help="write the bound gRPC and HTTP ports here (JSON) once listening")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-format", choices=["json", "text"], default="json")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from rollmux.coordinator.service import env, logs
+    from rollmux.coordinator.service.api import ServiceConfig
+    from rollmux.coordinator.service.server import Running, ServerOptions, serve
+    from rollmux.errors import SpecError
+    from rollmux.model import ClusterSpec
+
+    logs.setup(args.log_level, args.log_format)
+    if not args.redis and not args.embedded:
+        print("rollmux coordinator: give --redis URL (or $ROLLMUX_REDIS_URL) or --embedded", file=sys.stderr)
+        return 2
+    secret = os.environ.get(env.BOOTSTRAP_SECRET)
+    if args.secret_file:
+        with open(args.secret_file) as f:
+            secret = f.read().strip()
+    try:
+        opts = ServerOptions(
+            listen=args.listen, http=args.http or None, redis_url=None if args.embedded else args.redis,
+            namespace=args.namespace, secret=secret, owner=args.instance_id, leader_ttl_s=args.leader_ttl,
+            tls_cert=args.tls_cert, tls_key=args.tls_key,
+            config=ServiceConfig(lease_ttl_s=args.lease_ttl, max_wait_s=args.max_wait,
+                                 migration_threshold=args.migration_threshold),
+            cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
+                                gpus_per_node=args.gpus_per_node))
+    except (SpecError, ValueError) as exc:
+        print(f"rollmux coordinator: {exc}", file=sys.stderr)
+        return 2
+
+    def started(running: Running) -> None:
+        if args.port_file:
+            tmp = args.port_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"grpc": running.port, "http": running.http_port, "pid": os.getpid()}, f)
+            os.replace(tmp, args.port_file)
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+        await serve(opts, started)
+
+    try:
+        asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        pass
+    return 0

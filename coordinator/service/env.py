@@ -1,0 +1,15 @@
+"""Environment variables of the coordinator service, each named once."""
+
+from __future__ import annotations
+
+COORDINATOR = "ROLLMUX_COORDINATOR"
+"""Address(es) of the coordinator, ``host:port[,host:port]`` (standbys after the leader)."""
+
+BOOTSTRAP_SECRET = "ROLLMUX_BOOTSTRAP_SECRET"
+"""Secret from which node and operator tokens derive (unset: node and operator calls are open)."""
+
+TOKEN = "ROLLMUX_TOKEN"
+"""Operator token for `rollmux status` and other operator calls."""
+
+REDIS_URL = "ROLLMUX_REDIS_URL"
+"""Default for `rollmux coordinator --redis`."""

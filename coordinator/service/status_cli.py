@@ -1,0 +1,75 @@
+"""`rollmux status`: groups, jobs, per-node queues and leases of a running coordinator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HELP = "Show the coordinator's groups, jobs, per-node queues and leases."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from rollmux.coordinator.service import env
+
+    parser.add_argument("--coordinator", default=os.environ.get(env.COORDINATOR, "127.0.0.1:50051"),
+                        help=f"HOST:PORT[,HOST:PORT] (${env.COORDINATOR})")
+    parser.add_argument("--token", default=os.environ.get(env.TOKEN), help=f"operator token (${env.TOKEN})")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--timeout", type=float, default=5.0, help="give up after this many seconds")
+
+
+def _lease(msg) -> str:  # type: ignore[no-untyped-def]
+    from rollmux.proto import convert
+
+    return f"{msg.job} {convert.PHASE_FROM_PB[msg.phase].value}({msg.iteration}) e{msg.epoch}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from rollmux.coordinator.service.api import ServiceError
+    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.proto import convert
+
+    client = CoordinatorClient(args.coordinator.split(","), token=args.token, retry_s=args.timeout)
+    try:
+        state = client.cluster_state()
+    except ServiceError as exc:
+        print(f"rollmux status: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(MessageToDict(state, preserving_proto_field_name=True), indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"ready: {state.ready}  leader fence: {state.leader_fence}  "
+                  f"provisioned: ${state.usd_per_h:,.2f}/h  pending: {', '.join(state.pending) or '-'}")
+    groups = Table(title="groups")
+    for col in ("group", "jobs (round-robin)", "rollout nodes", "train nodes", "$/h"):
+        groups.add_column(col)
+    for g in state.groups:
+        groups.add_row(g.group_id, " ".join(g.jobs), " ".join(g.rollout_nodes), " ".join(g.train_nodes),
+                       f"{g.usd_per_h:,.2f}")
+    jobs = Table(title="jobs")
+    for col in ("job", "state", "group", "next phase", "permit", "lease", "obs roll s", "obs train s"):
+        jobs.add_column(col)
+    for j in state.jobs:
+        jobs.add_row(j.job, j.state, j.group_id or "-",
+                     f"{convert.PHASE_FROM_PB[j.next_phase].value}({j.next_iteration})", j.permit_state,
+                     _lease(j.lease) if j.HasField("lease") else "-", f"{j.observed_roll_s:.2f}",
+                     f"{j.observed_train_s:.2f}")
+    nodes = Table(title="nodes")
+    for col in ("node", "pool", "state", "sidecar", "group", "holder (lease)", "queue (head first)"):
+        nodes.add_column(col)
+    for n in state.nodes:
+        nodes.add_row(n.node_id, convert.POOL_FROM_PB[n.pool].value, n.state, "up" if n.connected else "-",
+                      n.group_id or "-", _lease(n.holder) if n.HasField("holder") else "-", " ".join(n.queue) or "-")
+    for table in (groups, jobs, nodes):
+        console.print(table)
+    return 0
