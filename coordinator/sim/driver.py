@@ -1,0 +1,223 @@
+"""Virtual-time replay of a trace through a group placement policy.
+
+The driver is the coordinator's loop with a virtual clock: at each arrival it asks the *same*
+`PlacementPolicy` the live coordinator uses for a decision and applies it to a `ClusterState`;
+between events each group runs the round-robin meta-iteration schedule of
+`policy.intra_group.simulate_round_robin`, fed with the runtime model's per-iteration phase
+times. Membership changes (an arrival joins a group, a job finishes) end the group's current
+segment: each member keeps the work it has done, including a partly run phase, and a new
+segment starts from there. Groups provision their nodes when created and release them when
+they empty, so cost is piecewise constant between events.
+
+Events at the same instant: departures first, so a job that finishes as another arrives frees
+its share of the group before the policy looks at it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rollmux.coordinator.policy.api import PlacementPolicy
+from rollmux.coordinator.policy.intra_group import MemberTiming, PhaseInterval, simulate_round_robin
+from rollmux.coordinator.policy.state import ClusterState, GroupState
+from rollmux.coordinator.sim.api import (
+    JobOutcome,
+    PolicyRun,
+    ProgressFn,
+    SimContext,
+    TimelinePoint,
+    TraceJob,
+)
+from rollmux.coordinator.sim.runtime import JobDraws
+from rollmux.model import JobSpec, Phase, Pool
+
+_DEPARTURE, _ARRIVAL = 0, 1  # heap order at equal times
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Work one job has done: whole iterations, and seconds into the current one's phases."""
+
+    done_iters: int = 0
+    roll_done_s: float = 0.0
+    train_done_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Segment:
+    """A stretch of constant membership of one group, simulated from `start_s`."""
+
+    start_s: float
+    members: list[str]
+    train_gpus: int
+    by_job: dict[str, list[PhaseInterval]] = field(default_factory=dict)  # job -> [roll0, train0, roll1, ...]
+
+
+class _Replay:
+    """Mutable record of one policy's replay; `run()` drives it to the end of the trace."""
+
+    def __init__(self, name: str, policy: PlacementPolicy, trace: Sequence[TraceJob], specs: dict[str, JobSpec],
+                 ctx: SimContext, progress: ProgressFn | None) -> None:
+        self.name, self.policy, self.ctx, self.progress = name, policy, ctx, progress
+        self.trace = {j.job_id: j for j in trace}
+        self.specs = specs
+        self.state = ClusterState(ctx.cluster)
+        self.jobs = {j.job_id: _Progress() for j in trace}
+        self.segments: dict[str, _Segment] = {}
+        self.version: dict[str, int] = {}
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self.seq = itertools.count()
+        self.timeline: list[TimelinePoint] = []
+        self.outcomes: dict[str, JobOutcome] = {}
+        self.busy = {Pool.ROLLOUT.value: 0.0, Pool.TRAIN.value: 0.0}
+        self.intervals: dict[str, list[PhaseInterval]] = {}
+        for j in trace:
+            heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> PolicyRun:
+        started = time.perf_counter()
+        while self.events:
+            t, kind, _, key, version = heapq.heappop(self.events)
+            if kind == _ARRIVAL:
+                self._arrive(key, t)
+            elif self.version.get(key) == version:
+                self._settle(key, t)
+                if key in self.state.groups:
+                    self._start_segment(key, t)
+            else:
+                continue  # a stale departure: the group changed since it was predicted
+            self.timeline.append(TimelinePoint(
+                t_s=t, usd_per_h=self.state.usd_per_h,
+                rollout_gpus=self.state.gpus_in_use(Pool.ROLLOUT), train_gpus=self.state.gpus_in_use(Pool.TRAIN)))
+            if self.progress is not None and kind == _ARRIVAL:
+                self.progress(1)
+        missing = set(self.trace) - set(self.outcomes)
+        assert not missing, f"jobs never finished: {sorted(missing)[:5]}"
+        return PolicyRun(policy=self.name, timeline=tuple(self.timeline),
+                         jobs=tuple(self.outcomes[j] for j in self.trace), busy_gpu_s=dict(self.busy),
+                         intervals={g: tuple(v) for g, v in self.intervals.items()},
+                         wall_s=time.perf_counter() - started)
+
+    def _arrive(self, job_id: str, t: float) -> None:
+        spec = self.specs[job_id]
+        decision = self.policy.place(spec, self.state)
+        if decision.group_id is not None:
+            self._settle(decision.group_id, t)
+        group = self.state.apply(spec, decision)
+        self._start_segment(group.group_id, t)
+
+    # -- segments ----------------------------------------------------------------------------------
+    def _start_segment(self, gid: str, t: float) -> None:
+        group = self.state.groups[gid]
+        members = list(group.members)
+        needed = [self.trace[j].iterations - self.jobs[j].done_iters for j in members]
+        n_iter = min(needed)
+        timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes)
+                   for j in members]
+        phase_time = self._phase_time_fn(group, members)
+        result = simulate_round_robin(timings, iterations=n_iter, phase_time=phase_time, record=True)
+        seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus,
+                       by_job={j: [] for j in members})
+        for iv in result.intervals:
+            seg.by_job[iv.job].append(PhaseInterval(job=iv.job, phase=iv.phase, iteration=iv.iteration,
+                                                    start_s=iv.start_s + t, end_s=iv.end_s + t, nodes=iv.nodes))
+        self.segments[gid] = seg
+        finish = min(seg.by_job[j][2 * n_iter - 1].end_s for j, k in zip(members, needed) if k == n_iter)
+        self.version[gid] = self.version.get(gid, 0) + 1
+        heapq.heappush(self.events, (finish, _DEPARTURE, next(self.seq), gid, self.version[gid]))
+
+    def _phase_time_fn(self, group: GroupState, members: list[str]):  # noqa: ANN202
+        cfg = self.ctx.runtime
+        multi = len(members) > 1
+        shares = [any(len(group.rollout[n].jobs) > 1 for n in group.members[j].rollout_nodes) for j in members]
+        # Migrate only in rollout-bound groups: there a freed node always has a rollout waiting for
+        # it, while in a train-bound group the replay's tail-before-Train would only idle the pool.
+        rollout_bound = group.max_node_load_s >= group.train_load_s
+        migrating = [cfg.migration and rollout_bound and s for s in shares]
+        draws: list[JobDraws] = [self.ctx.draws[j] for j in members]
+        base = [self.jobs[j].done_iters for j in members]
+        # Every member trains on the whole training pool (its data parallelism stretches to it).
+        stretch = [self.specs[j].n_train_gpus / group.train_gpus for j in members]
+        roll_done = [self.jobs[j].roll_done_s for j in members]
+        train_done = [self.jobs[j].train_done_s for j in members]
+        if cfg.warm_start:
+            sw_roll = [d.warm_roll_s for d in draws]
+            sw_train = [d.warm_train_s for d in draws]
+        else:
+            sw_roll = [d.cold_roll_s for d in draws]
+            sw_train = [d.cold_train_s for d in draws]
+
+        def phase_time(idx: int, it: int, phase: Phase) -> float:
+            d = draws[idx]
+            g = base[idx] + it
+            migrate = migrating[idx]
+            if phase is Phase.ROLLOUT:
+                value = float(d.roll_tail_s[g] if migrate else d.roll_s[g]) + (sw_roll[idx] if shares[idx] else 0.0)
+                return max(0.0, value - roll_done[idx]) if it == 0 else value
+            value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + (sw_train[idx] if multi else 0.0)
+            if migrate:
+                value += float(d.roll_s[g] - d.roll_tail_s[g])
+            return max(0.0, value - train_done[idx]) if it == 0 else value
+
+        return phase_time
+
+    def _settle(self, gid: str, t: float) -> None:
+        """End the group's segment at `t`: credit work done, account busy time, retire finished jobs."""
+        seg = self.segments.pop(gid, None)
+        if seg is None:
+            return
+        gpn = self.state.cluster.gpus_per_node
+        keep = self.ctx.record_intervals
+        for j, ivs in seg.by_job.items():
+            prog = self.jobs[j]
+            completed = 0
+            for k in range(0, len(ivs), 2):
+                roll, train = ivs[k], ivs[k + 1]
+                for iv in (roll, train):
+                    overlap = min(iv.end_s, t) - iv.start_s
+                    if overlap > 0:
+                        gpus = len(iv.nodes) * gpn if iv.phase is Phase.ROLLOUT else seg.train_gpus
+                        self.busy[(Pool.ROLLOUT if iv.phase is Phase.ROLLOUT else Pool.TRAIN).value] += overlap * gpus
+                        if keep:
+                            self.intervals.setdefault(gid, []).append(
+                                iv if iv.end_s <= t else PhaseInterval(job=iv.job, phase=iv.phase, iteration=iv.iteration,
+                                                                       start_s=iv.start_s, end_s=t, nodes=iv.nodes))
+                if train.end_s <= t:
+                    completed += 1
+                    continue
+                roll_elapsed = max(0.0, min(roll.end_s, t) - roll.start_s)
+                train_elapsed = max(0.0, min(train.end_s, t) - train.start_s)
+                first = k == 0
+                prog.roll_done_s = (prog.roll_done_s if first else 0.0) + roll_elapsed
+                prog.train_done_s = (prog.train_done_s if first else 0.0) + train_elapsed
+                break
+            else:
+                prog.roll_done_s = prog.train_done_s = 0.0
+            prog.done_iters += completed
+            if prog.done_iters >= self.trace[j].iterations:
+                self._finish(j, gid, t)
+
+    def _finish(self, job_id: str, gid: str, t: float) -> None:
+        job = self.trace[job_id]
+        self.outcomes[job_id] = JobOutcome(
+            job_id=job_id, arrival_s=job.arrival_s, finish_s=t, iterations=job.iterations,
+            mean_iteration_s=(t - job.arrival_s) / job.iterations,
+            solo_iteration_s=self.ctx.draws[job_id].solo_iteration_s, slo=job.slo, group_id=gid)
+        self.state.remove_job(job_id)
+
+
+class GroupStrategy:
+    """A `SimStrategy` for any placement policy that packs jobs into co-execution groups."""
+
+    def __init__(self, name: str, policy: PlacementPolicy) -> None:
+        self.name = name
+        self.policy = policy
+
+    def simulate(self, trace: Sequence[TraceJob], specs: dict[str, JobSpec], ctx: SimContext,
+                 progress: ProgressFn | None = None) -> PolicyRun:
+        return _Replay(self.name, self.policy, trace, specs, ctx, progress).run()

@@ -1,0 +1,45 @@
+"""Policy names the simulator knows, and how to build each one's `SimStrategy`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rollmux.coordinator.policy.api import PolicyConfig
+from rollmux.coordinator.policy.baselines import MostIdlePolicy, OptPolicy, RandomPolicy, SoloDPolicy
+from rollmux.coordinator.policy.baselines.dedicated import colocated, gavel_plus
+from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
+from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.sim.api import SimContext, SimError, SimStrategy
+from rollmux.coordinator.sim.dedicated import DedicatedStrategy
+from rollmux.coordinator.sim.driver import GroupStrategy
+from rollmux.model import JobSpec
+
+ALL_POLICIES = ("rollmux", "solo-d", "colocate", "gavel+", "random", "most-idle", "opt")
+DEFAULT_POLICIES = ALL_POLICIES[:-1]  # opt only on request: it is exponential
+
+
+def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimStrategy:
+    """The strategy for policy `name` on this job set.
+
+    Raises:
+        SimError: unknown name, or `opt` on more jobs than the offline optimum can solve.
+    """
+    config = PolicyConfig(max_group_size=ctx.max_group_size)
+    if name == "rollmux":
+        return GroupStrategy(name, RollMuxPolicy(config))
+    if name == "solo-d":
+        return GroupStrategy(name, SoloDPolicy())
+    if name == "random":
+        return GroupStrategy(name, RandomPolicy(config, seed=ctx.seed))
+    if name == "most-idle":
+        return GroupStrategy(name, MostIdlePolicy(config))
+    if name == "colocate":
+        return DedicatedStrategy(name, colocated)
+    if name == "gavel+":
+        return DedicatedStrategy(name, gavel_plus)
+    if name == "opt":
+        if len(specs) > MAX_OPT_JOBS:
+            raise SimError(f"policy 'opt' solves at most {MAX_OPT_JOBS} jobs exactly, the trace has {len(specs)}: "
+                           f"use --jobs {MAX_OPT_JOBS} or fewer, or leave 'opt' out of --policies")
+        return GroupStrategy(name, OptPolicy(optimal_partition(list(specs), ctx.cluster, config)))
+    raise SimError(f"policy {name!r} is unknown: expected one of {', '.join(ALL_POLICIES)}")
