@@ -1,0 +1,141 @@
+"""`rollmux simulate`: replay a trace through RollMux and the paper's baselines side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rollmux.coordinator.sim.api import ProgressFn, SimError, TraceJob
+from rollmux.coordinator.sim.engine import build_context, simulate
+from rollmux.coordinator.sim.report import print_summaries
+from rollmux.coordinator.sim.runtime import RuntimeConfig
+from rollmux.coordinator.sim.strategies import ALL_POLICIES, DEFAULT_POLICIES
+from rollmux.coordinator.sim.trace import read_trace, write_trace
+from rollmux.coordinator.sim.workload import SloSpec, Workload, generate
+from rollmux.errors import RollMuxError
+from rollmux.model import ClusterSpec
+
+HELP = "Replay a job trace through RollMux and the baselines (solo-d, colocate, gavel+, random, most-idle, opt)."
+
+EPILOG = """\
+Trace CSV columns: job_id,arrival_s,iterations,t_roll_s,t_train_s,n_rollout_gpus,n_train_gpus,slo,
+rollout_state_gb,train_state_gb (optional: model,max_tokens,turns). Times are worst-case solo
+phase seconds, state is per 8-GPU node. Without --trace a workload is generated: Philly arrivals
+(Jeon et al., ATC'19) and the paper's Table 6 phase times.
+
+Examples:
+  rollmux simulate                                   # 300-job mixed trace, all policies but opt
+  rollmux simulate --workload rollout-heavy --slo 1.2 --json out.json --plots figs/
+  rollmux simulate --jobs 8 --policies rollmux,opt   # compare with the offline optimum
+  rollmux simulate --no-migration                    # switch off long-tail migration
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    src = parser.add_argument_group("trace")
+    src.add_argument("--trace", type=Path, help="replay this CSV instead of generating a workload")
+    src.add_argument("--workload", choices=[w.value for w in Workload], default=Workload.MIXED.value,
+                     help="generated workload profile (paper Table 6) [default: mixed]")
+    src.add_argument("--jobs", type=int, default=300, help="jobs to generate [default: 300, about 580 h]")
+    src.add_argument("--seed", type=int, default=0, help="seed of the generator, runtime draws and Random [default: 0]")
+    src.add_argument("--slo", default="U(1,2)", help="SLO of generated jobs: a factor like 1.2, or U(low,high) "
+                                                    "drawn per job [default: U(1,2)]")
+    src.add_argument("--emit-trace", type=Path, metavar="FILE", help="also write the (generated) trace as CSV")
+    pol = parser.add_argument_group("policies")
+    pol.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                     help=f"comma-separated, from {', '.join(ALL_POLICIES)} [default: all but opt]")
+    pol.add_argument("--max-group-size", type=int, default=5, help="most jobs per group [default: 5]")
+    rt = parser.add_argument_group("runtime model (each switch shows one mechanism's effect)")
+    rt.add_argument("--no-migration", action="store_true", help="no long-tail migration")
+    rt.add_argument("--cold-start", action="store_true", help="every context switch is a cold start (paper Fig. 4)")
+    rt.add_argument("--flat-sync", action="store_true", help="flat weight sync over the cross-cluster link")
+    rt.add_argument("--worst-case", action="store_true", help="every phase takes its worst-case time (no draws)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, metavar="PATH", help="write all metrics as JSON")
+    out.add_argument("--plots", type=Path, metavar="DIR", help="write cost, GPU and Gantt PNGs")
+    out.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:
+    if args.trace is not None:
+        return read_trace(args.trace), str(args.trace)
+    slo = SloSpec.parse(args.slo)
+    jobs = generate(args.workload, args.jobs, args.seed, slo)
+    return jobs, f"{args.workload}, {args.jobs} jobs, SLO {slo}, seed {args.seed}"
+
+
+@contextmanager
+def _progress_bars(enabled: bool, total: int, console: Console) -> Iterator[object]:
+    if not enabled:
+        yield None
+        return
+    with Progress(TextColumn("[bold]{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("jobs placed"), TimeElapsedColumn(), console=console, transient=False) as bar:
+
+        def factory(name: str) -> ProgressFn:
+            task = bar.add_task(name, total=total)
+            return lambda n: bar.advance(task, n)
+
+        yield factory
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=False)
+    err = Console(stderr=True)
+    try:
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in ALL_POLICIES]
+        if unknown:
+            raise SimError(f"--policies has unknown name(s) {', '.join(unknown)}: expected some of {', '.join(ALL_POLICIES)}")
+        if args.max_group_size < 1:
+            raise SimError(f"--max-group-size={args.max_group_size} is invalid: expected an integer >= 1")
+        trace, label = _trace(args)
+        if args.emit_trace:
+            write_trace(trace, args.emit_trace)
+            console.print(f"wrote trace to {args.emit_trace}")
+        runtime = RuntimeConfig(stochastic=not args.worst_case, migration=not args.no_migration,
+                                warm_start=not args.cold_start, two_stage_sync=not args.flat_sync)
+        ctx = build_context(trace, ClusterSpec(), runtime, args.max_group_size, args.seed)
+        span_h = (max(j.arrival_s for j in trace) - min(j.arrival_s for j in trace)) / 3600
+        with _progress_bars(not args.quiet, len(trace), console) as factory:
+            result = simulate(trace, policies, ctx=ctx, progress=factory)  # type: ignore[arg-type]
+    except RollMuxError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    summaries = list(result.summaries.values())
+    print_summaries(summaries, f"{label}: {len(trace)} jobs arriving over {span_h:.0f} h", console)
+    if args.json:
+        from rollmux.coordinator.sim.metrics import to_json
+
+        meta = {"trace": label, "jobs": len(trace), "arrival_span_h": span_h,
+                "runtime": {"stochastic": runtime.stochastic, "migration": runtime.migration,
+                            "warm_start": runtime.warm_start, "two_stage_sync": runtime.two_stage_sync},
+                "max_group_size": args.max_group_size, "seed": args.seed}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(to_json(summaries, meta), indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    if args.plots:
+        from rollmux.coordinator.sim.plots import write_plots
+
+        for p in write_plots(result.runs, args.plots):
+            console.print(f"wrote {p}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rollmux simulate", description=HELP)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
