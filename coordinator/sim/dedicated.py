@@ -62,7 +62,8 @@ class DedicatedStrategy:
             deltas.append((finish, 0, -alloc.usd_per_h, -alloc.rollout_gpus, -alloc.train_gpus))
             outcomes.append(JobOutcome(job_id=job.job_id, arrival_s=job.arrival_s, finish_s=finish,
                                        iterations=job.iterations, mean_iteration_s=(finish - job.arrival_s) / job.iterations,
-                                       solo_iteration_s=draws.solo_iteration_s, slo=job.slo, group_id=""))
+                                       solo_iteration_s=draws.solo_iteration_s, slo=job.slo,
+                                       planned_solo_s=job.t_roll_s + job.t_train_s, group_id=""))
             if progress is not None:
                 progress(1)
         timeline = []

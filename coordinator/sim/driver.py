@@ -207,7 +207,8 @@ class _Replay:
         self.outcomes[job_id] = JobOutcome(
             job_id=job_id, arrival_s=job.arrival_s, finish_s=t, iterations=job.iterations,
             mean_iteration_s=(t - job.arrival_s) / job.iterations,
-            solo_iteration_s=self.ctx.draws[job_id].solo_iteration_s, slo=job.slo, group_id=gid)
+            solo_iteration_s=self.ctx.draws[job_id].solo_iteration_s, slo=job.slo,
+            planned_solo_s=job.t_roll_s + job.t_train_s, group_id=gid)
         self.state.remove_job(job_id)
 
 

@@ -8,9 +8,10 @@ bound (time ~ 1 / (GPUs x TFLOPS)).
 - Colocate (veRL): rollout and training on the job's N_T training GPUs (H800 only), so the
   rollout runs at H800 bandwidth on N_T GPUs. No SLO check, like veRL.
 - Gavel+: heterogeneity-aware and cost-normalised (Gavel's throughput-per-dollar objective with
-  SLO rows), at job level: among disaggregated (k rollout nodes + N_T training GPUs) and
-  co-located (all on H800, or all on H20, with 1..2x the job's GPUs) allocations it takes the one
-  with the lowest cost per iteration whose planned iteration meets the SLO; Solo-D otherwise.
+  SLO rows), at job level and within the GPUs the job asked for (Gavel keeps a job's scale
+  factor and picks types): among disaggregated (1..N_R/8 rollout nodes + N_T training GPUs) and
+  co-located (1..N_T/8 H800 nodes, or 1..(N_R+N_T)/8 H20 nodes) allocations it takes the one with
+  the lowest cost per iteration whose planned iteration meets the SLO; Solo-D otherwise.
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ def gavel_plus(job: JobSpec, cluster: ClusterSpec) -> DedicatedAllocation:
     budget = job.slo * job.t_solo_s * (1 + 1e-9)
     base_r = cluster.nodes_for(job.n_rollout_gpus)
     base_t = cluster.nodes_for(job.n_train_gpus)
-    options = [_disagg(job, cluster, k) for k in range(1, 2 * base_r + 1)]
+    options = [_disagg(job, cluster, k) for k in range(1, base_r + 1)]
     for pool, base in ((Pool.TRAIN, base_t), (Pool.ROLLOUT, base_r + base_t)):
-        options += [colocated(job, cluster, pool, k * cluster.gpus_per_node) for k in range(1, 2 * base + 1)]
+        options += [colocated(job, cluster, pool, k * cluster.gpus_per_node) for k in range(1, base + 1)]
     feasible = [a for a in options if planned_iteration_s(job, a) <= budget]
     if not feasible:
         return solo_d(job, cluster)
