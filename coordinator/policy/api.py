@@ -64,6 +64,8 @@ class PolicyConfig:
 
     max_group_size: int = 5  # most jobs one group may hold (host-memory residency in the simulator)
     slo_tolerance: float = 1e-9  # relative slack when comparing T_coexec with SLO * T_solo
+    fill_saturated: bool = False  # also pack into saturated groups when every SLO still holds
+    # (beyond Algorithm 1, which prunes T_load >= T_cycle; see benchmarks/optimality_gap.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_group_size, int) or self.max_group_size < 1:

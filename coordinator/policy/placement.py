@@ -58,9 +58,6 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig) ->
     if len(group.members) >= config.max_group_size:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.GROUP_FULL,
                          message=f"{len(group.members)} jobs = max group size {config.max_group_size}")
-    if group.saturated:
-        return Rejection(group_id=gid, strategy=None, reason=RejectReason.SATURATED,
-                         message=f"T_load {group.t_load_s:.1f}s >= T_cycle {group.t_cycle_s:.1f}s")
     if job.n_train_gpus > group.train_gpus:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.TRAIN_POOL,
                          message=f"job needs {job.n_train_gpus} training GPUs, group has {group.train_gpus}")
@@ -70,7 +67,26 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig) ->
                          message=f"memory on training nodes {','.join(group.train_nodes)}: "
                                  f"{(group.train_dram_used_bytes + job.train_state_bytes) / 1e9:.1f} GB "
                                  f">= {group.train_dram_bytes / 1e9:.1f} GB")
-    return None
+    return slo_bound_rejection(group, job, config)
+
+
+def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig) -> Rejection | None:
+    """Whole-group SLO pruning: no placement can beat max(T_cycle', sum T_train', node loads).
+
+    Every member of a group shares one period, which is at least each of those loads; if that
+    bound already exceeds the tightest SLO budget, no candidate in this group needs simulating.
+    """
+    assert job.t_roll_s is not None
+    t_train = group.stretched_train_s(job)
+    lower = max(group.t_cycle_s, job.t_roll_s + t_train, group.train_load_s + t_train, group.max_node_load_s)
+    job_budget = job.slo * job.t_solo_s
+    budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
+    if lower <= budget * (1.0 + config.slo_tolerance):
+        return None
+    spec = group.members[who].spec if who in group.members else job
+    return Rejection(group_id=group.group_id, strategy=None, reason=RejectReason.SLO,
+                     message=f"SLO of job {who}: at least {lower / spec.t_solo_s:.2f} > {spec.slo:.2f} "
+                             "whatever the placement")
 
 
 def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec) -> tuple[list[Candidate], Rejection | None]:
@@ -145,8 +161,16 @@ class RollMuxPolicy:
         cluster = state.cluster
         node_price = cluster.node_usd_per_h(Pool.ROLLOUT)
         rejections: list[Rejection] = []
+        if self.config.fill_saturated:
+            groups = list(state.groups.values())
+        else:  # Algorithm 1, line 4; the state keeps this index, so no per-group work here
+            groups = state.unsaturated_groups()
+            saturated = state.saturated_group_ids()
+            if saturated:
+                rejections.append(Rejection(group_id=",".join(saturated), strategy=None,
+                                            reason=RejectReason.SATURATED,
+                                            message=f"{len(saturated)} group(s) have T_load >= T_cycle"))
         best: tuple[float, Candidate, dict[str, float]] | None = None
-        groups = list(state.groups.values())
         for i, group in enumerate(groups):
             if best is not None and best[0] == 0.0:
                 rejections += [Rejection(group_id=g.group_id, strategy=None, reason=RejectReason.NOT_EVALUATED,

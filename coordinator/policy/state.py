@@ -52,7 +52,7 @@ class GroupState:
     """One co-execution group and its cached summaries."""
 
     __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
-                 "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "max_node_load_s",
+                 "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
                  "_cluster")
 
     def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
@@ -68,6 +68,7 @@ class GroupState:
         self.train_load_s = 0.0
         self.t_cycle_s = 0.0
         self.min_budget_s = float("inf")
+        self.min_budget_job = ""  # the member whose SLO binds first
         self.max_node_load_s = 0.0
 
     # -- derived -------------------------------------------------------------------------------
@@ -112,7 +113,8 @@ class GroupState:
         self.train_dram_used_bytes += job.train_state_bytes
         self.train_load_s += member.t_train_in_group_s
         self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
-        self.min_budget_s = min(self.min_budget_s, member.budget_s)
+        if member.budget_s < self.min_budget_s:
+            self.min_budget_s, self.min_budget_job = member.budget_s, job.name
 
     def remove_member(self, name: str) -> list[str]:
         """Remove a member; returns the rollout nodes left empty (released)."""
@@ -131,7 +133,9 @@ class GroupState:
         self.train_load_s -= member.t_train_in_group_s
         ms = list(self.members.values())
         self.t_cycle_s = max((m.t_roll_s + m.t_train_in_group_s for m in ms), default=0.0)
-        self.min_budget_s = min((m.budget_s for m in ms), default=float("inf"))
+        tightest = min(ms, key=lambda m: m.budget_s, default=None)
+        self.min_budget_s = tightest.budget_s if tightest else float("inf")
+        self.min_budget_job = tightest.spec.name if tightest else ""
         self.max_node_load_s = max((r.load_s for r in self.rollout.values()), default=0.0)
         return released
 
@@ -165,7 +169,8 @@ class ClusterState:
 
     def __init__(self, cluster: ClusterSpec | None = None) -> None:
         self.cluster = cluster or ClusterSpec()
-        self.groups: dict[str, GroupState] = {}
+        self.groups: dict[str, GroupState] = {}  # creation order
+        self._unsaturated: dict[str, GroupState] = {}  # index kept on every join/leave
         self.job_group: dict[str, str] = {}
         self._group_seq = itertools.count()
         self._node_seq = itertools.count()
@@ -173,6 +178,24 @@ class ClusterState:
     @property
     def usd_per_h(self) -> float:
         return sum(g.usd_per_h for g in self.groups.values())
+
+    def unsaturated_groups(self) -> list[GroupState]:
+        """Groups that can still take a job (T_load < T_cycle), in creation order."""
+        if len(self._unsaturated) < 2:
+            return list(self._unsaturated.values())
+        order = {gid: i for i, gid in enumerate(self.groups)} if len(self._unsaturated) > 64 else None
+        if order is None:
+            return [g for g in self.groups.values() if g.group_id in self._unsaturated]
+        return sorted(self._unsaturated.values(), key=lambda g: order[g.group_id])
+
+    def saturated_group_ids(self) -> list[str]:
+        return [gid for gid in self.groups if gid not in self._unsaturated]
+
+    def _reindex(self, group: GroupState) -> None:
+        if group.group_id in self.groups and not group.saturated:
+            self._unsaturated[group.group_id] = group
+        else:
+            self._unsaturated.pop(group.group_id, None)
 
     def gpus_in_use(self, pool: Pool) -> int:
         per = self.cluster.gpus_per_node
@@ -205,6 +228,7 @@ class ClusterState:
         group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids))
         group.check_invariants()
         self.job_group[job.name] = group.group_id
+        self._reindex(group)
         return group
 
     def remove_job(self, name: str) -> list[str]:
@@ -215,6 +239,7 @@ class ClusterState:
         if not group.members:
             released += list(group.train_nodes) + list(group.rollout)
             del self.groups[gid]
+        self._reindex(group)
         return released
 
     def snapshot(self) -> list[Group]:
