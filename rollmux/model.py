@@ -120,7 +120,7 @@ class GpuCatalog:
             if not isinstance(fields, Mapping):
                 raise SpecError(f"gpu catalog entry {name!r}={fields!r} is invalid: expected a mapping")
             base = merged.get(name)
-            values = {"tflops": None, "hbm_gb": None, "hbm_tb_s": None, "usd_per_gpu_h": None}
+            values: dict[str, Any] = {"tflops": None, "hbm_gb": None, "hbm_tb_s": None, "usd_per_gpu_h": None}
             if base is not None:
                 values.update(tflops=base.tflops, hbm_gb=base.hbm_gb, hbm_tb_s=base.hbm_tb_s,
                               usd_per_gpu_h=base.usd_per_gpu_h)
