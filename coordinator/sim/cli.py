@@ -90,7 +90,6 @@ def _progress_bars(enabled: bool, total: int, console: Console) -> Iterator[obje
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
-    err = Console(stderr=True)
     try:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         unknown = [p for p in policies if p not in ALL_POLICIES]
@@ -109,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         with _progress_bars(not args.quiet, len(trace), console) as factory:
             result = simulate(trace, policies, ctx=ctx, progress=factory)  # type: ignore[arg-type]
     except RollMuxError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        print(f"error: {exc}", file=sys.stderr)  # plain: rich would re-wrap file:line messages
         return 2
     summaries = list(result.summaries.values())
     print_summaries(summaries, f"{label}: {len(trace)} jobs arriving over {span_h:.0f} h", console)

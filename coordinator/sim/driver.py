@@ -135,9 +135,11 @@ class _Replay:
         cfg = self.ctx.runtime
         multi = len(members) > 1
         shares = [any(len(group.rollout[n].jobs) > 1 for n in group.members[j].rollout_nodes) for j in members]
-        # Migrate only in rollout-bound groups: there a freed node always has a rollout waiting for
-        # it, while in a train-bound group the replay's tail-before-Train would only idle the pool.
-        rollout_bound = group.max_node_load_s >= group.train_load_s
+        # Migrate only where the group stays rollout-bound even with every tail charged before its
+        # Train: there a freed node always has a rollout waiting, while elsewhere the replay's
+        # tail-before-Train would idle the training pool (a modelling artefact, not a real cost).
+        tails = sum((1 - cfg.tail_fraction) * group.members[j].t_roll_s for j, s in zip(members, shares) if s)
+        rollout_bound = group.max_node_load_s > group.train_load_s + tails
         migrating = [cfg.migration and rollout_bound and s for s in shares]
         draws: list[JobDraws] = [self.ctx.draws[j] for j in members]
         base = [self.jobs[j].done_iters for j in members]
