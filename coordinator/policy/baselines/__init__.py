@@ -5,7 +5,12 @@ Group placements (`PlacementPolicy`, registered by name on import): ``solo-d``, 
 `dedicated`; the simulator runs them behind the same `SimStrategy` protocol.
 """
 
-from rollmux.coordinator.policy.baselines.dedicated import DedicatedAllocation, colocated, gavel_plus, solo_d
+from rollmux.coordinator.policy.baselines.dedicated import (
+    DedicatedAllocation,
+    colocated,
+    gavel_plus,
+    solo_d_allocation,
+)
 from rollmux.coordinator.policy.baselines.most_idle import MostIdlePolicy, idle_fraction
 from rollmux.coordinator.policy.baselines.opt import OptPolicy
 from rollmux.coordinator.policy.baselines.random_policy import RandomPolicy
@@ -20,5 +25,5 @@ __all__ = [
     "colocated",
     "gavel_plus",
     "idle_fraction",
-    "solo_d",
+    "solo_d_allocation",
 ]

@@ -53,7 +53,7 @@ def _flops(cluster: ClusterSpec, pool: Pool) -> float:
     return cluster.gpu_for(pool).tflops
 
 
-def solo_d(job: JobSpec, cluster: ClusterSpec) -> DedicatedAllocation:
+def solo_d_allocation(job: JobSpec, cluster: ClusterSpec) -> DedicatedAllocation:
     n_r = cluster.nodes_for(job.n_rollout_gpus) * cluster.gpus_per_node
     n_t = cluster.nodes_for(job.n_train_gpus) * cluster.gpus_per_node
     return DedicatedAllocation(job=job.name, label=f"disagg {n_r}x{cluster.rollout_gpu}+{n_t}x{cluster.train_gpu}",
@@ -98,5 +98,5 @@ def gavel_plus(job: JobSpec, cluster: ClusterSpec) -> DedicatedAllocation:
         options += [colocated(job, cluster, pool, k * cluster.gpus_per_node) for k in range(1, base + 1)]
     feasible = [a for a in options if planned_iteration_s(job, a) <= budget]
     if not feasible:
-        return solo_d(job, cluster)
+        return solo_d_allocation(job, cluster)
     return min(feasible, key=lambda a: (a.usd_per_h * planned_iteration_s(job, a), a.usd_per_h))
