@@ -32,6 +32,7 @@ class Committer:
         self._wakeup = asyncio.Event()
         self._poison: Exception | None = None
         self._task: asyncio.Task[None] | None = None
+        self._in_flight = False  # a batch is being written now
         self.batches = 0  # store commits issued (for the load benchmark's report)
 
     def start(self) -> None:
@@ -60,6 +61,8 @@ class Committer:
         """
         if self._poison is not None:
             raise NotReadyError(f"coordinator is recovering its state store: {self._poison}; retry shortly")
+        if not writes and not self._queue and not self._in_flight:
+            return  # barrier with nothing pending: everything applied so far is durable
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((writes, fut))
         self._wakeup.set()
@@ -77,6 +80,7 @@ class Committer:
                 merged.update(writes)
             error: Exception | None = self._poison
             if error is None and merged:
+                self._in_flight = True
                 try:
                     await self._store.commit(merged, fence=self._fence())
                     self.batches += 1
@@ -84,6 +88,8 @@ class Committer:
                     error = exc
                     self._poison = exc
                     self._on_failure(exc)
+                finally:
+                    self._in_flight = False
             for _, fut in batch:
                 if fut.done():
                     continue
