@@ -33,7 +33,6 @@ import numpy as np
 
 from rollmux.coordinator.sim.api import TraceJob
 from rollmux.errors import SpecError
-from rollmux.model import GB
 
 _NORMAL = NormalDist()
 
