@@ -128,6 +128,40 @@ class CopyStats:
         return self.nbytes / self.total_s / 1e9 if self.total_s > 0 else 0.0
 
 
+class Lifecycle:
+    """The offload/reload state machine of one cache: current state, guarded transitions, history.
+
+    Shared by :class:`StateCache` and the vLLM sleep-mode helper (``vllm_sleep.py``).
+
+    Args:
+        owner: names the cache in error messages (e.g. ``"state cache of job 'job-7'"``).
+        clock: nanosecond clock for the history.
+    """
+
+    def __init__(self, owner: str, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.owner = owner
+        self._clock = clock
+        self.state = CacheState.RESIDENT
+        self.history: list[TransitionRecord] = []
+
+    def transition(self, dst: CacheState, detail: str = "") -> None:
+        """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
+
+        Raises:
+            IllegalTransitionError: the edge is not in the table (including staying in the same state).
+        """
+        dst = CacheState(dst)
+        if dst not in TRANSITIONS[self.state]:
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state]))
+            raise IllegalTransitionError(
+                f"{self.owner}: cannot go from {self.state.value!r} to {dst.value!r} "
+                f"(allowed from {self.state.value!r}: {allowed}). Another offload/reload is probably "
+                "running on this cache; call offload()/reload() from one thread only."
+            )
+        self.history.append(TransitionRecord(self.state, dst, self._clock(), detail))
+        self.state = dst
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """One chunk-sized copy between a device storage and a host chunk."""
@@ -250,9 +284,7 @@ class StateCache:
         self.job_id = job_id
         self.config = config or StateCacheConfig()
         self._device: Any = None if device is None else _torch().device(device)
-        self._clock = clock
-        self._state = CacheState.RESIDENT
-        self._history: list[TransitionRecord] = []
+        self._lifecycle = Lifecycle(f"state cache of job {job_id!r}", clock)
         self._sources: list[_Source] = []
         self._chunks: list[torch.Tensor] = []  # host buffers, each a flat uint8 tensor
         self._entries: list[_Entry] = []  # layout of the last offload
@@ -266,12 +298,12 @@ class StateCache:
     @property
     def state(self) -> CacheState:
         """The current state."""
-        return self._state
+        return self._lifecycle.state
 
     @property
     def history(self) -> tuple[TransitionRecord, ...]:
         """Every transition so far, oldest first."""
-        return tuple(self._history)
+        return tuple(self._lifecycle.history)
 
     def transition(self, dst: CacheState, detail: str = "") -> None:
         """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
@@ -283,16 +315,7 @@ class StateCache:
         Raises:
             IllegalTransitionError: the edge is not in the table (including staying in the same state).
         """
-        dst = CacheState(dst)
-        if dst not in TRANSITIONS[self._state]:
-            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self._state]))
-            raise IllegalTransitionError(
-                f"state cache of job {self.job_id!r}: cannot go from {self._state.value!r} to {dst.value!r} "
-                f"(allowed from {self._state.value!r}: {allowed}). Another offload/reload is probably "
-                "running on this cache; call offload()/reload() from one thread only."
-            )
-        self._history.append(TransitionRecord(self._state, dst, self._clock(), detail))
-        self._state = dst
+        self._lifecycle.transition(dst, detail)
 
     # ---------------------------------------------------------------------------- registration
 
@@ -346,9 +369,9 @@ class StateCache:
         self._add(name, tensors)
 
     def _add(self, name: str, tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
-        if self._state is not CacheState.RESIDENT:
+        if self.state is not CacheState.RESIDENT:
             raise RegistrationError(
-                f"state cache of job {self.job_id!r} is {self._state.value!r}; register {name!r} while the "
+                f"state cache of job {self.job_id!r} is {self.state.value!r}; register {name!r} while the "
                 "state is resident (reload() first)"
             )
         if any(s.name == name for s in self._sources):
@@ -365,7 +388,7 @@ class StateCache:
 
     def device_bytes(self) -> int:
         """Bytes of device memory held by the registered storages right now (0 once offloaded)."""
-        if self._state is CacheState.OFFLOADED:
+        if self.state is CacheState.OFFLOADED:
             return sum(e.storage.nbytes() for e in self._entries)
         return sum(e.nbytes for e in self._collect())
 
@@ -391,9 +414,9 @@ class StateCache:
         Raises:
             StateCacheError: the state is not resident, so the buffers hold the only copy.
         """
-        if self._state is not CacheState.RESIDENT:
+        if self.state is not CacheState.RESIDENT:
             raise StateCacheError(
-                f"state cache of job {self.job_id!r} is {self._state.value!r}: its host buffers hold the only "
+                f"state cache of job {self.job_id!r} is {self.state.value!r}: its host buffers hold the only "
                 "copy of the state; reload() before release()"
             )
         self._chunks = []
@@ -411,7 +434,7 @@ class StateCache:
             IllegalTransitionError: an offload or reload is already running.
             RegistrationError: a registered tensor cannot be cached (external or mixed-device storage).
         """
-        if self._state is CacheState.OFFLOADED:
+        if self.state is CacheState.OFFLOADED:
             return CopyStats("offload", 0, 0.0, 0.0, 0, noop=True)
         start = time.perf_counter()
         self.transition(CacheState.OFFLOADING)
@@ -446,7 +469,7 @@ class StateCache:
         Raises:
             IllegalTransitionError: an offload or reload is already running.
         """
-        if self._state is CacheState.RESIDENT:
+        if self.state is CacheState.RESIDENT:
             return CopyStats("reload", 0, 0.0, 0.0, 0, noop=True)
         start = time.perf_counter()
         self.transition(CacheState.LOADING)
