@@ -28,6 +28,9 @@ class SyncGroups:
     """Rollout-only group: stage 2 all-gathers over the intra-cluster fabric."""
     spanning: Any
     """Trainer rank 0 plus every rollout rank: the single-source broadcast baseline."""
+    gather_order: tuple[int, ...]
+    """Rollout index (position in ``rollout_ranks``) of each rank of ``rollout``, in group-rank order;
+    ``new_group`` orders members by global rank, whatever order the topology lists them in."""
 
 
 def create_groups(topology: SyncTopology) -> SyncGroups:
@@ -47,7 +50,16 @@ def create_groups(topology: SyncTopology) -> SyncGroups:
     topology.check_world(dist.get_world_size())
     rollout = dist.new_group(list(topology.rollout_ranks))
     spanning = dist.new_group([topology.source_rank, *topology.rollout_ranks])
-    return SyncGroups(topology=topology, backend=str(dist.get_backend()), rollout=rollout, spanning=spanning)
+    members = sorted(topology.rollout_ranks)
+    if dist.get_rank() in topology.rollout_ranks:
+        members = list(dist.get_process_group_ranks(rollout))
+    return SyncGroups(
+        topology=topology,
+        backend=str(dist.get_backend()),
+        rollout=rollout,
+        spanning=spanning,
+        gather_order=tuple(topology.rollout_ranks.index(r) for r in members),
+    )
 
 
 def exchange_metadata(metadata: Sequence[ParamMeta] | None, topology: SyncTopology) -> None:

@@ -81,7 +81,7 @@ def receive_into(
         if k + depth < len(buckets):
             recvs.append(_post_recv(buckets[k + depth], plan, rollout, device))
         wait_all(works)
-        out, work = _all_gather(piece, plan.topology.n_rollouts, groups.rollout)
+        out, work = _all_gather(piece, groups)
         gathers.append((b, out, work, piece))
         if len(gathers) > 1:
             unpacker.finish(*gathers.popleft()[:3], views)
@@ -105,16 +105,22 @@ def _post_recv(
     return b, piece, post(ops)
 
 
-def _all_gather(piece: torch.Tensor, n: int, group: Any) -> tuple[torch.Tensor, Any]:
-    """Start the stage-2 all-gather of one bucket; returns (gathered buffer, work or None)."""
+def _all_gather(piece: torch.Tensor, groups: SyncGroups) -> tuple[torch.Tensor, Any]:
+    """Start the stage-2 all-gather of one bucket; returns (gathered buffer in piece order, work or None)."""
     import torch
     import torch.distributed as dist
 
-    if n == 1:
+    order = groups.gather_order
+    if len(order) == 1:
         return piece, None
-    out = torch.empty(piece.numel() * n, dtype=torch.uint8, device=piece.device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return out, gather(out, piece, group=group, async_op=True)
+    n = piece.numel()
+    out = torch.empty(n * len(order), dtype=torch.uint8, device=piece.device)
+    if order == tuple(range(len(order))):
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return out, gather(out, piece, group=groups.rollout, async_op=True)
+    # Group rank i holds the piece of rollout index order[i]: gather straight into that slot.
+    slots = [out[j * n : (j + 1) * n] for j in order]
+    return out, dist.all_gather(slots, piece, group=groups.rollout, async_op=True)
 
 
 class _Unpacker:

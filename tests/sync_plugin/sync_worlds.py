@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import socket
+import time
 import traceback
 from typing import Any
 
@@ -57,38 +59,64 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_world(n_trainers: int, n_rollouts: int, timeout_s: float = 60.0) -> dict[int, dict[str, Any]]:
-    """Spawn a gloo world, run every case and the bad-metadata case; return per-rank results."""
-    ctx = mp.get_context("spawn")
-    world = n_trainers + n_rollouts
+Topology = tuple[tuple[int, ...], tuple[int, ...]]
+"""(trainer ranks, rollout ranks) in one world."""
+
+TOPOLOGIES: dict[str, Topology] = {
+    "2to3": ((0, 1), (2, 3, 4)),
+    "3to2": ((0, 1, 2), (3, 4)),
+    "2to3-shuffled": ((4, 1), (0, 3, 2)),
+}
+"""N_T != N_R both ways, and ranks in no particular order; all share one 5-rank world."""
+
+
+def run_world(
+    world: int, topologies: dict[str, Topology], timeout_s: float = 90.0, backend: str = "gloo"
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Spawn one world (gloo on CPU, or NCCL with one GPU per rank) and run every case and the
+    bad-metadata case for each topology; return results[topology id][rank][case]."""
+    # A forkserver that has imported torch once forks every rank: one torch import instead of five.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "rollmux.sync_plugin"])
     port = free_port()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, n_trainers, port, q)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, topologies, port, q, backend)) for r in range(world)]
     for p in procs:
         p.start()
-    results: dict[int, dict[str, Any]] = {}
+    per_rank: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(world):
-            rank, res = q.get(timeout=timeout_s)
-            results[rank] = res
+        while len(per_rank) < world:
+            try:
+                rank, res = q.get(timeout=0.5)
+                per_rank[rank] = res
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"ranks {dead} died or timed out; results so far {per_rank}") from None
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return results
+    return {
+        t: {r: res.get(t, {"crash": res.get("crash")}) for r, res in per_rank.items()} for t in topologies
+    }
 
 
-def _worker(rank: int, world: int, n_trainers: int, port: int, q: Any) -> None:
-    res: dict[str, Any] = {}
+def _worker(rank: int, world: int, topologies: dict[str, Topology], port: int, q: Any, backend: str) -> None:
+    res: dict[str, Any] = {"t0": time.time()}
     try:
-        _run_cases(rank, world, n_trainers, port, res)
+        _run(rank, world, topologies, port, res, backend)
     except Exception:
         res["crash"] = traceback.format_exc()
     q.put((rank, res))
+    q.close()
+    q.join_thread()
+    os._exit(0)  # skip interpreter teardown (gloo threads, torch atexit): the result is already sent
 
 
-def _run_cases(rank: int, world: int, n_trainers: int, port: int, res: dict[str, Any]) -> None:
+def _run(rank: int, world: int, topologies: dict[str, Topology], port: int, res: dict, backend: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -96,30 +124,48 @@ def _run_cases(rank: int, world: int, n_trainers: int, port: int, res: dict[str,
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    topo = sp.SyncTopology(
-        trainer_ranks=tuple(range(n_trainers)), rollout_ranks=tuple(range(n_trainers, world))
-    )
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    res["t_imported"] = time.time()
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    res["t_init"] = time.time()
+    model = {n: t.to(device) for n, t in make_model().items()}
+    for tid, (trainers, rollouts) in topologies.items():
+        topo = sp.SyncTopology(trainer_ranks=trainers, rollout_ranks=rollouts)
+        res[tid] = {}
+        _run_cases(sp, topo, model, rank, res[tid])
+        _bad_metadata(sp, model, topo, rank, res[tid])
+    res["t_cases"] = time.time()
+    dist.destroy_process_group()
+
+
+def _run_cases(sp: Any, topo: Any, model: dict, rank: int, res: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
     groups = sp.create_groups(topo)
-    model = make_model()
     meta = sp.param_metadata(model)
     sp.exchange_metadata(meta, topo)
     for case, scheme, bucket, hold in CASES:
         sharding = sp.Sharding.DIM0 if hold == "dim0" else sp.Sharding.FLAT
         plan = sp.plan_transfer(topo, meta, bucket_bytes=bucket, sharding=sharding)
         if rank in topo.trainer_ranks:
-            _trainer_side(sp, model, plan, groups, scheme, hold, rank, n_trainers)
-        else:
+            _trainer_side(
+                sp, model, plan, groups, scheme, hold, topo.trainer_ranks.index(rank), topo.n_trainers
+            )
+        elif rank in topo.rollout_ranks:
             bufs = {n: torch.zeros_like(t) for n, t in model.items()}
             sp.receive(bufs, plan, groups, scheme=sp.Scheme(scheme))
+            if bufs["head.mask"].is_cuda:
+                torch.cuda.synchronize()
             res[case] = [n for n, t in model.items() if not _bitwise_equal(t, bufs[n])]
         dist.barrier()
-    _bad_metadata(sp, model, topo, rank, world, res)
-    dist.destroy_process_group()
 
 
 def _trainer_side(
-    sp: Any, model: dict, plan: Any, groups: Any, scheme: str, hold: str, rank: int, n: int
+    sp: Any, model: dict, plan: Any, groups: Any, scheme: str, hold: str, idx: int, n: int
 ) -> None:
     import torch
 
@@ -129,10 +175,10 @@ def _trainer_side(
     # FSDP-like: build this rank's shard the way FSDP would, then drop the full model.
     if hold == "flat":
         flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in model.values()])
-        lo, hi = rank * flat.numel() // n, (rank + 1) * flat.numel() // n
+        lo, hi = idx * flat.numel() // n, (idx + 1) * flat.numel() // n
         shard = [flat[lo:hi].clone()]
     else:
-        shard = [_dim0_chunk(t, n, rank) for t in model.values()]
+        shard = [_dim0_chunk(t, n, idx) for t in model.values()]
     sp.send_local_shard(shard, plan, groups)
 
 
@@ -155,13 +201,13 @@ def _bitwise_equal(a: Any, b: Any) -> bool:
     )
 
 
-def _bad_metadata(sp: Any, model: dict, topo: Any, rank: int, world: int, res: dict[str, Any]) -> None:
+def _bad_metadata(sp: Any, model: dict, topo: Any, rank: int, res: dict[str, Any]) -> None:
     """The last rollout rank has a different shape for one parameter: every rank must refuse."""
     import torch
 
     mine = dict(model)
-    if rank == world - 1:
-        mine["layers.1.mlp"] = torch.zeros((101, 4), dtype=torch.bfloat16)
+    if rank == topo.rollout_ranks[-1]:
+        mine["layers.1.mlp"] = torch.zeros((101, 4), dtype=torch.bfloat16, device=model["head.mask"].device)
     try:
         sp.exchange_metadata(sp.param_metadata(mine), topo)
         res["bad_metadata"] = None
