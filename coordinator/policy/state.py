@@ -173,6 +173,7 @@ class ClusterState:
         self._unsaturated: dict[str, GroupState] = {}  # index kept on every join/leave
         self.job_group: dict[str, str] = {}
         self._group_seq = itertools.count()
+        self._group_floor = 0  # next group number after restored groups
         self._node_seq = itertools.count()
 
     @property
@@ -229,6 +230,31 @@ class ClusterState:
         group.check_invariants()
         self.job_group[job.name] = group.group_id
         self._reindex(group)
+        return group
+
+    def restore_group(self, group_id: str, train_nodes: tuple[str, ...], rollout_nodes: tuple[str, ...],
+                      members: Iterable[tuple[JobSpec, tuple[str, ...]]]) -> GroupState:
+        """Rebuild a group from durable records (coordinator restart), keeping indexes and ids consistent.
+
+        Members come in round-robin order with their pinned rollout nodes. New group ids continue
+        after the highest restored numeric id, so a restored cluster never reuses an id.
+        """
+        if group_id in self.groups:
+            raise PolicyError(f"group {group_id} already exists")
+        dram = self.cluster.host_dram_bytes
+        group = GroupState(group_id, self.cluster, tuple(train_nodes), dram)
+        for n in rollout_nodes:
+            group.add_rollout_node(n, dram)
+        for spec, pinned in members:
+            group.add_member(spec, tuple(pinned))
+            self.job_group[spec.name] = group_id
+        group.check_invariants()
+        self.groups[group_id] = group
+        self._reindex(group)
+        digits = "".join(ch for ch in group_id if ch.isdigit())
+        if group_id.startswith("g") and digits == group_id[1:] and digits:
+            self._group_floor = max(self._group_floor, int(digits) + 1)
+            self._group_seq = itertools.count(self._group_floor)
         return group
 
     def remove_job(self, name: str) -> list[str]:

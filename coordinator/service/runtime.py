@@ -21,7 +21,6 @@ Runtime semantics (DESIGN.md, Intra-group scheduler):
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -628,20 +627,9 @@ class Runtime:
         return rt
 
     def _restore_placement(self) -> None:
-        dram = self.cluster.host_dram_bytes
-        max_gid = -1
         for gid, rec in sorted(self.groups.items(), key=lambda kv: _gid_number(kv[0])):
-            group = GroupState(gid, self.cluster, rec.train_nodes, dram)
-            for n in rec.rollout_nodes:
-                group.add_rollout_node(n, dram)
-            for name in rec.members:
-                job = self.jobs[name]
-                group.add_member(job.spec, job.rollout_nodes)
-                self.placement.job_group[name] = gid
-            self.placement.groups[gid] = group
-            max_gid = max(max_gid, _gid_number(gid))
-        # ClusterState names new groups from a private counter; continue it past the restored ones.
-        self.placement._group_seq = itertools.count(max_gid + 1)  # noqa: SLF001
+            members = [(self.jobs[name].spec, tuple(self.jobs[name].rollout_nodes)) for name in rec.members]
+            self.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members)
 
 
 def _gid_number(gid: str) -> int:

@@ -158,3 +158,15 @@ def test_invariants_hold_for_random_arrivals_and_departures(jobs: list[JobSpec],
             period = cycle_time(group.timings())
             for m in group.members.values():  # the simulation shows no member beyond its SLO
                 assert period <= m.budget_s * (1 + 1e-9), (group.group_id, m.spec.name)
+
+
+def test_restored_groups_are_indexed_and_ids_continue() -> None:
+    state, _ = place_all([make_job("A", roll=300, train=100)])
+    g = state.groups["g0"]
+    restored = ClusterState()
+    restored.restore_group("g0", g.train_nodes, tuple(g.rollout),
+                           [(m.spec, m.rollout_nodes) for m in g.members.values()])
+    decision = RollMuxPolicy().place(make_job("B", roll=100, train=300), restored)
+    assert decision.group_id == "g0" and decision.strategy is Strategy.DIRECT_PACKING
+    other = RollMuxPolicy().place(make_job("C", roll=50, train=50, slo=1.0), restored)
+    assert restored.apply(make_job("C", roll=50, train=50, slo=1.0), other).group_id == "g1"
