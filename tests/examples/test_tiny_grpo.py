@@ -100,3 +100,26 @@ def test_two_process_job_reward_rises_and_phases_pass_the_hook(tmp_path: Path) -
     by_rank = {rank: [p["phase"] for p in seen if p["rank"] == rank] for rank in (0, 1)}
     assert by_rank[0] == ["sync", "train"] * iterations
     assert by_rank[1] == ["sync", "rollout"] * iterations
+
+
+def _run_job(tmp_path: Path, name: str, *args: str) -> list[dict]:
+    log = tmp_path / f"{name}.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "examples.tiny_grpo.job", "--log-file", str(log), *args],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=True,
+        timeout=280,
+    )
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sync_plugin_transport_gives_the_same_run_as_broadcast(tmp_path: Path) -> None:
+    pytest.importorskip("rollmux.sync_plugin")
+    args = ("--iterations", "3", "--prompts", "4", "--group-size", "4")
+    broadcast = _run_job(tmp_path, "broadcast", *args)
+    plugin = _run_job(tmp_path, "plugin", *args, "--sync", "plugin")
+    keys = ("reward_mean", "resp_len_mean", "resp_len_max", "loss")
+    assert [[r[k] for k in keys] for r in plugin] == [[r[k] for k in keys] for r in broadcast]
