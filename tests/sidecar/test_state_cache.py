@@ -259,7 +259,7 @@ def test_gpu_round_trip_frees_device_memory_and_pins() -> None:
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     cache.offload()
-    assert cache.pinned and all(c.is_pinned() for c in cache._chunks)  # noqa: SLF001
+    assert cache.pinned and cache.host_bytes() >= big.numel() * 4
     assert torch.cuda.memory_allocated() <= allocated - big.numel() * 4
     cache.reload()
     assert _snapshot(tensors) == before
