@@ -64,8 +64,12 @@ class PolicyConfig:
 
     max_group_size: int = 5  # most jobs one group may hold (host-memory residency in the simulator)
     slo_tolerance: float = 1e-9  # relative slack when comparing T_coexec with SLO * T_solo
-    fill_saturated: bool = False  # also pack into saturated groups when every SLO still holds
-    # (beyond Algorithm 1, which prunes T_load >= T_cycle; see benchmarks/optimality_gap.py)
+    # Also consider saturated groups (T_load >= T_cycle), accepting a placement only when the
+    # exact co-execution period still meets every member's SLO. Algorithm 1 prunes them (set
+    # False for the paper's behaviour); packing them is cheaper at no SLO risk: 1.07x vs 1.10x of
+    # the offline optimum on 8-job instances (benchmarks/optimality_gap.py), and the decision stays
+    # fast because a whole-group lower bound rejects most saturated groups without simulating.
+    fill_saturated: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_group_size, int) or self.max_group_size < 1:

@@ -74,11 +74,23 @@ def test_rejection_messages_name_the_job_and_numbers() -> None:
     assert any("SLO of job" in r.message and "> 1.00" in r.message for r in slo), decision.explain()
 
 
-def test_saturated_group_is_pruned() -> None:
+def test_algorithm1_prunes_saturated_groups() -> None:
     state, _ = place_all([make_job("A", roll=300, train=100), make_job("B", roll=100, train=300)])
     # A + B: T_load = 400 = T_cycle -> saturated, so C cannot even be considered there.
-    decision = RollMuxPolicy().place(make_job("C", roll=50, train=50, slo=2.0), state)
+    decision = RollMuxPolicy(PolicyConfig(fill_saturated=False)).place(make_job("C", roll=50, train=50, slo=2.0), state)
     assert decision.rejections[0].reason is RejectReason.SATURATED
+    assert decision.strategy is Strategy.ISOLATED
+
+
+def test_fill_saturated_packs_when_every_slo_still_holds() -> None:
+    state, _ = place_all([make_job("A", roll=300, train=100, slo=1.5), make_job("B", roll=100, train=300, slo=1.5)])
+    # C makes the group over-saturated (period 450 > T_cycle 400) but within every SLO budget.
+    decision = RollMuxPolicy().place(make_job("C", roll=50, train=50, slo=5.0), state)
+    assert decision.group_id == "g0" and decision.delta_usd_per_h == 0.0
+    assert decision.t_coexec_s["A"] == pytest.approx(450.0)
+    # ...and refuses when the period would break A's SLO (1.5 x 400 = 600 s).
+    tight = RollMuxPolicy().place(make_job("D", roll=250, train=250, slo=5.0), state)
+    assert tight.group_id is None and RejectReason.SLO in {r.reason for r in tight.rejections}
 
 
 def test_group_size_limit() -> None:
