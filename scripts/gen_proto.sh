@@ -10,3 +10,4 @@ py="${PYTHON:-$root/.venv/bin/python}"
 mkdir -p "$out"
 cd "$root"
 "$py" -m grpc_tools.protoc -I . --python_out="$out" --grpc_python_out="$out" --pyi_out="$out" rollmux/proto/rollmux_v1.proto
+"$py" -m grpc_tools.protoc -I . --python_out="$out" --grpc_python_out="$out" --pyi_out="$out" rollmux/proto/sidecar_v1.proto

@@ -326,13 +326,16 @@ class NodeSession:
         token: the node token (derive it with `auth.node_token(secret, node_id)`).
         on_message: called from the session thread for each message (first a `snapshot`).
         active_epochs: epochs the node's ranks are running now (renews those leases).
+        facts: optional refreshed facts for each heartbeat's ``nvml`` map.
     """
 
     def __init__(self, client: CoordinatorClient, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int,
                  host_dram_bytes: int, nvml: dict[str, str] | None = None, token: str | None = None,
                  on_message: Callable[[pb.NodeDown], None] = lambda m: None,
-                 active_epochs: Callable[[], Sequence[int]] = lambda: (), heartbeat_s: float = 1.0) -> None:
+                 active_epochs: Callable[[], Sequence[int]] = lambda: (), heartbeat_s: float = 1.0,
+                 facts: Callable[[], dict[str, str]] | None = None) -> None:
         self.client, self.node_id, self.token = client, node_id, token
+        self.facts = facts  # refreshed facts sent with every heartbeat (e.g. cached-state host DRAM)
         self._register = dict(pool=pool, gpu_type=gpu_type, gpu_count=gpu_count, host_dram_bytes=host_dram_bytes,
                               nvml=nvml or {})
         self.on_message, self.active_epochs, self.heartbeat_s = on_message, active_epochs, heartbeat_s
@@ -353,7 +356,8 @@ class NodeSession:
 
     def _requests(self) -> Iterator[pb.NodeUp]:
         while not self._stop.is_set():
-            yield pb.NodeUp(heartbeat=pb.NodeHeartbeat(active_epochs=list(self.active_epochs())))
+            yield pb.NodeUp(heartbeat=pb.NodeHeartbeat(active_epochs=list(self.active_epochs()),
+                                                       nvml=self.facts() if self.facts else {}))
             self._stop.wait(self.heartbeat_s)
 
     def _run(self) -> None:

@@ -1,0 +1,472 @@
+"""The node agent: rank leases, permit fan-out, release after all local ranks, coordinator stream.
+
+One :class:`NodeAgent` per node. The gRPC layer (``sidecar/server.py``) turns each rank call into
+one method call here; the agent decides under one lock (which rank leads the coordinator call,
+whether every local rank has released, whether the job lost a rank) and performs the slow actions
+(coordinator calls, NVML polling) outside it.
+
+Permit flow for one job on one node::
+
+    rank A Acquire(train, 3) --+-- first asker leads: JobClient.acquire(...) on the coordinator
+    rank B Acquire(train, 3) --+-- others wait; all get the same lease (fan-out)
+    rank A Release(epoch)      -- waits for B
+    rank B Release(epoch)      -- last one leads: NVML check of the job's pids, then
+                                  JobClient.release(duration = longest rank's) ; both return
+
+A rank's ``Attach`` stream is its lease: when it drops without ``Detach`` the rank is DEAD, the job
+is aborted on this node and deregistered at the coordinator, which frees the node at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmux.coordinator.service.api import FailedPreconditionError, NotFoundError, ServiceError
+from rollmux.coordinator.service.client import (
+    CoordinatorClient,
+    JobClient,
+    NodeSession,
+    Permit,
+    PermitTimeoutError,
+)
+from rollmux.model import Phase, Pool
+from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.sidecar.api import (
+    PHASES,
+    Connection,
+    ConnectionState,
+    JobAbortedError,
+    Lease,
+    Migration,
+    PermitWaitTimeoutError,
+    RankLease,
+    RankLeaseError,
+    RankState,
+    SidecarUnreachableError,
+)
+from rollmux.sidecar.gpu import GpuProvider, host_dram_bytes
+
+log = logging.getLogger("rollmux.sidecar")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """Knobs of one node agent."""
+
+    node_id: str  # the node's id at the coordinator
+    pool: Pool  # the node's pool
+    gpu_mem_limit_bytes: int = 512 << 20  # a job's processes may keep this much GPU memory after a phase
+    memory_wait_s: float = 30.0  # how long to wait for the job's GPU memory to drop before releasing anyway
+    heartbeat_s: float = 0.5  # heartbeat period on the coordinator stream (renews running leases)
+    event_log: str | None = None  # JSON-lines file of node events (grants, releases, rank deaths)
+
+    def __post_init__(self) -> None:
+        if self.gpu_mem_limit_bytes < 0:
+            raise ValueError(f"gpu_mem_limit_bytes={self.gpu_mem_limit_bytes} must be >= 0")
+        if self.heartbeat_s <= 0:
+            raise ValueError(f"heartbeat_s={self.heartbeat_s} must be > 0")
+
+
+@dataclass(slots=True, kw_only=True)
+class LocalJob:
+    """One job's ranks on this node and its current permit here (guarded by the agent's lock)."""
+
+    name: str
+    client: JobClient
+    ranks: dict[str, RankLease] = field(default_factory=dict)
+    permit: Permit | None = None  # granted on this node, not yet released
+    acquiring: tuple[str, int] | None = None  # (phase, iteration) a rank is asking the coordinator for
+    releasing: bool = False  # the last local rank is releasing the node
+    released: dict[str, float] = field(default_factory=dict)  # rank_id -> its phase duration, s
+    last_released_epoch: int = 0
+    granted_at: float = 0.0  # wall time the current permit reached this node
+    aborted: str | None = None  # why the job stopped on this node (a rank died, ...)
+
+    def live_ranks(self) -> list[RankLease]:
+        return [r for r in self.ranks.values() if r.live]
+
+
+def _phase_key(phase: str, iteration: int) -> tuple[int, int]:
+    return iteration, PHASES.index(phase)
+
+
+class NodeAgent:
+    """The node's agent. Thread-safe: the gRPC server calls it from many threads.
+
+    Args:
+        config: node identity and knobs.
+        coordinator: the coordinator connection.
+        gpu: NVML facts and per-process memory (or the no-GPU fallback).
+        node_token: the node token when the coordinator has a bootstrap secret.
+    """
+
+    def __init__(self, config: AgentConfig, coordinator: CoordinatorClient, gpu: GpuProvider, *,
+                 node_token: str | None = None) -> None:
+        self.config, self.coordinator, self.gpu, self.node_token = config, coordinator, gpu, node_token
+        self.connection = Connection(node_id=config.node_id)
+        self.events: list[str] = []  # recent node events, newest last (NodeStatus)
+        self._cv = threading.Condition()
+        self._jobs: dict[str, LocalJob] = {}
+        self._ranks: dict[str, RankLease] = {}
+        self._inbox: dict[str, queue.Queue[Any]] = {}  # rank_id -> events for its Attach stream
+        self._seq = 0
+        self._stop = threading.Event()
+        self._session: NodeSession | None = None
+        self._monitor = threading.Thread(target=self._watch_connection, name="rollmux-conn", daemon=True)
+        self._log_lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------- lifecycle
+    def start(self) -> NodeAgent:
+        facts = self.gpu.facts()
+        self._session = NodeSession(
+            self.coordinator, self.config.node_id, self.config.pool, gpu_type=facts.gpu_type,
+            gpu_count=facts.gpu_count, host_dram_bytes=host_dram_bytes(), nvml=facts.nvml,
+            token=self.node_token, on_message=self._on_message, active_epochs=self.active_epochs,
+            heartbeat_s=self.config.heartbeat_s, facts=self.heartbeat_facts).start()
+        self._monitor.start()
+        return self
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Block until the coordinator stream is up (first snapshot), or `timeout_s` passes."""
+        assert self._session is not None, "start() first"
+        return self._session.connected.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Close the coordinator stream; rank leases end with the process."""
+        self._stop.set()
+        with self._cv:
+            if self.connection.state is not ConnectionState.CLOSED:
+                self.connection.move(ConnectionState.CLOSED, "sidecar shutdown")
+            self._cv.notify_all()
+        if self._session is not None:
+            self._session.stop()
+
+    def _watch_connection(self) -> None:
+        assert self._session is not None
+        while not self._stop.wait(0.05):
+            up = self._session.connected.is_set()
+            with self._cv:
+                state = self.connection.state
+                if up and state in (ConnectionState.CONNECTING, ConnectionState.RECONNECTING):
+                    if state is ConnectionState.RECONNECTING:
+                        self.connection.reconnects += 1
+                    self.connection.move(ConnectionState.CONNECTED, "snapshot received")
+                elif not up and state is ConnectionState.CONNECTED:
+                    self.connection.move(ConnectionState.RECONNECTING, "coordinator stream ended")
+                else:
+                    continue
+            self._record("connection", state=self.connection.state.value)
+
+    # ------------------------------------------------------------------------- stream callbacks
+    def active_epochs(self) -> list[int]:
+        """Epochs of the permits running on this node (each heartbeat renews them)."""
+        with self._cv:
+            return [j.permit.epoch for j in self._jobs.values() if j.permit is not None]
+
+    def cached_state_host_bytes(self) -> int:
+        """Host DRAM held by the state caches of live ranks, as they last reported it."""
+        with self._cv:
+            return sum(r.host_bytes for r in self._ranks.values() if r.live)
+
+    def heartbeat_facts(self) -> dict[str, str]:
+        with self._cv:
+            ranks = sum(r.live for r in self._ranks.values())
+        return {"cached_state_host_bytes": str(self.cached_state_host_bytes()), "live_ranks": str(ranks)}
+
+    def _on_message(self, msg: pb.NodeDown) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "granted":
+            lease = msg.granted.lease
+            self._fan_out(lease.job, ("granted", lease))
+        elif kind == "revoked":
+            r = msg.revoked
+            with self._cv:
+                job = self._jobs.get(r.job)
+                if job is not None and job.permit is not None and job.permit.epoch == r.epoch:
+                    job.permit = None  # stop renewing; its ranks must stop the phase
+                    job.last_released_epoch = max(job.last_released_epoch, r.epoch)
+                    self._cv.notify_all()
+            self._record("revoked", job=r.job, epoch=r.epoch, reason=r.reason)
+            self._fan_out(r.job, ("revoked", r))
+        elif kind == "migrate":
+            self._fan_out(msg.migrate.job, ("migrate", msg.migrate))
+
+    def _fan_out(self, job_name: str, event: tuple[str, Any]) -> None:
+        with self._cv:
+            job = self._jobs.get(job_name)
+            targets = [self._inbox[r.rank_id] for r in (job.live_ranks() if job else []) if r.rank_id in self._inbox]
+        for q in targets:
+            q.put(event)
+
+    # ------------------------------------------------------------------------------ rank leases
+    def attach(self, job_name: str, job_token: str, rank: int, pid: int) -> tuple[RankLease, queue.Queue[Any]]:
+        """Open a rank's lease. Checks the job token against the coordinator on the job's first rank.
+
+        Raises:
+            SidecarUnreachableError: the coordinator cannot be reached.
+            RankLeaseError: the coordinator does not know the job or refuses its token.
+        """
+        with self._cv:
+            job = self._jobs.get(job_name)
+            fresh = job is None or job.aborted is not None or job.client.token != job_token
+        if fresh:
+            client = self.coordinator.job(job_name, job_token)
+            try:
+                client.status()
+            except NotFoundError as exc:
+                raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator: register it "
+                                     f"first (RegisterJob) and pass its token ({exc})") from None
+            except ServiceError as exc:
+                if "UNAVAILABLE" in str(exc):
+                    raise SidecarUnreachableError(
+                        f"sidecar of node {self.config.node_id} cannot reach the coordinator "
+                        f"{','.join(self.coordinator.targets)}: {exc}") from None
+                raise RankLeaseError(f"coordinator refused job {job_name!r}: {exc}") from None
+        with self._cv:
+            if fresh:
+                self._jobs[job_name] = LocalJob(name=job_name, client=client)
+            self._seq += 1
+            lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}", job=job_name, rank=rank, pid=pid)
+            self._jobs[job_name].ranks[lease.rank_id] = lease
+            self._ranks[lease.rank_id] = lease
+            inbox: queue.Queue[Any] = queue.Queue()
+            self._inbox[lease.rank_id] = inbox
+        self._record("rank_attached", job=job_name, rank=rank, pid=pid, rank_id=lease.rank_id)
+        return lease, inbox
+
+    def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False) -> None:
+        """End a rank's lease: a clean ``Detach`` or a dropped stream (the rank died). Idempotent.
+
+        A dead rank aborts its job here and deregisters it, so the coordinator frees the node now
+        (not after the lease TTL). A clean detach with `job_done` deregisters the finished job.
+        """
+        with self._cv:
+            lease = self._ranks.get(rank_id)
+            if lease is None or not lease.live:
+                return
+            job = self._jobs[lease.job]
+            lease.move(RankState.DETACHED if clean else RankState.DEAD,
+                       "Detach" if clean else "Attach stream dropped without Detach")
+            inbox = self._inbox.pop(rank_id, None)
+            deregister = job_done or not clean
+            if not clean:
+                job.aborted = f"rank {lease.rank} (pid {lease.pid}) of job {job.name!r} died on node " \
+                              f"{self.config.node_id}"
+                job.permit = None  # stop renewing its lease
+            if not job.live_ranks() and job.permit is None:
+                self._jobs.pop(job.name, None)
+            self._cv.notify_all()
+        if inbox is not None:
+            inbox.put(("detached", None))  # ends the rank's Attach stream
+        self._record("rank_detached" if clean else "rank_dead", job=lease.job, rank=lease.rank, pid=lease.pid)
+        if not clean:
+            self._fan_out(lease.job, ("revoked", pb.PermitRevoked(job=lease.job, reason=job.aborted or "")))
+        if deregister:
+            try:
+                released = job.client.deregister()
+                self._record("job_deregistered", job=job.name, released=released,
+                             reason="finished" if clean else "rank died")
+            except NotFoundError:
+                pass  # another node's sidecar deregistered it first
+            except ServiceError as exc:
+                log.warning("could not deregister job %s: %s", job.name, exc)
+
+    def _rank(self, rank_id: str) -> tuple[RankLease, LocalJob]:
+        lease = self._ranks.get(rank_id)
+        if lease is None or not lease.live:
+            raise RankLeaseError(f"rank id {rank_id!r} holds no live lease on node {self.config.node_id}: "
+                                 "attach again (rollmux.init)")
+        return lease, self._jobs[lease.job]
+
+    # ------------------------------------------------------------------------------------ permits
+    def acquire(self, rank_id: str, phase: str, iteration: int, timeout_s: float) -> Lease:
+        """Block until the job's permit for (`phase`, `iteration`) holds this node; fan it out.
+
+        Raises:
+            PermitWaitTimeoutError: not granted within `timeout_s`.
+            JobAbortedError: the job lost a rank meanwhile.
+            RankLeaseError: unknown rank, or a phase out of on-policy order.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            lease, job = self._rank(rank_id)
+            lease.move(RankState.WAITING, f"Acquire {phase}({iteration})")
+        try:
+            return self._acquire(lease, job, phase, iteration, deadline)
+        except BaseException:
+            with self._cv:
+                if lease.state is RankState.WAITING:
+                    lease.move(RankState.IDLE, "permit wait failed")
+            raise
+
+    def _acquire(self, lease: RankLease, job: LocalJob, phase: str, iteration: int, deadline: float) -> Lease:
+        want = (phase, iteration)
+        while True:
+            with self._cv:
+                lead = False
+                while not lead:
+                    if job.aborted:
+                        raise JobAbortedError(f"{job.aborted}; stop this rank too (its job cannot continue)")
+                    p = job.permit
+                    if p is not None and (p.phase.value, p.iteration) == want:
+                        lease.move(RankState.RUNNING, f"epoch {p.epoch}")
+                        return _lease(p)
+                    if job.acquiring is None and not job.releasing and p is None:
+                        job.acquiring, lead = want, True
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise PermitWaitTimeoutError(f"job {job.name!r} {phase}({iteration}) was not granted on "
+                                                     f"node {self.config.node_id} in time")
+                    self._cv.wait(min(left, 0.5))
+            try:
+                permit = self._acquire_remote(job, phase, iteration, deadline)
+            finally:
+                with self._cv:
+                    job.acquiring = None
+                    self._cv.notify_all()
+            with self._cv:
+                if job.aborted is None:
+                    job.permit, job.granted_at, job.released = permit, time.time(), {}
+            self._record("granted", job=job.name, phase=phase, iteration=iteration, epoch=permit.epoch)
+
+    def _acquire_remote(self, job: LocalJob, phase: str, iteration: int, deadline: float) -> Permit:
+        """JobClient.acquire, waiting out the job's previous phase held on another node."""
+        delay = 0.005
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PermitWaitTimeoutError(f"job {job.name!r} {phase}({iteration}) not granted in time")
+            try:
+                return job.client.acquire(Phase(phase), iteration, timeout_s=left)
+            except PermitTimeoutError as exc:
+                raise PermitWaitTimeoutError(str(exc)) from None
+            except FailedPreconditionError as exc:
+                if "out of order" not in str(exc):
+                    raise RankLeaseError(str(exc)) from None
+                nxt = job.client.status()
+                if _phase_key(nxt.next_phase.value, nxt.next_iteration) > _phase_key(phase, iteration):
+                    raise RankLeaseError(f"job {job.name!r} asked for {phase}({iteration}) but the coordinator "
+                                         f"is past it (next: {nxt.next_phase.value}({nxt.next_iteration}))") \
+                        from None
+                # the previous phase (held by the job's ranks on another node) is not released yet
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            except ServiceError as exc:
+                raise SidecarUnreachableError(f"coordinator {','.join(self.coordinator.targets)} failed the "
+                                              f"permit call for job {job.name!r}: {exc}") from None
+
+    def release(self, rank_id: str, epoch: int, duration_s: float, state_host_bytes: int) -> tuple[bool, str, int]:
+        """Release this rank's part of a phase; returns once the node went back to the coordinator.
+
+        The last local rank to release checks the job's GPU memory (NVML), then releases the permit
+        with the longest rank's duration. Returns (this call released the node, next phase, next iteration).
+
+        Raises:
+            RankLeaseError: unknown rank or an epoch this node does not hold.
+            JobAbortedError: the job lost a rank meanwhile.
+        """
+        with self._cv:
+            lease, job = self._rank(rank_id)
+            lease.host_bytes = max(0, state_host_bytes)
+            if job.permit is None or job.permit.epoch != epoch:
+                if epoch and epoch <= job.last_released_epoch:  # retried, or revoked meanwhile
+                    if lease.state is RankState.RUNNING:
+                        lease.move(RankState.IDLE, f"epoch {epoch} already over")
+                    return False, "", 0
+                raise RankLeaseError(f"rank {rank_id} released epoch {epoch}, which node {self.config.node_id} "
+                                     "does not hold: acquire the permit first")
+            lease.move(RankState.RELEASING, f"Release epoch {epoch}")
+            job.released[rank_id] = duration_s
+            pending = [r.rank_id for r in job.live_ranks() if r.rank_id not in job.released]
+            lead = not pending and not job.releasing
+            if lead:
+                job.releasing = True
+            else:
+                while job.last_released_epoch < epoch:
+                    if job.aborted:
+                        raise JobAbortedError(f"{job.aborted}; stop this rank too")
+                    self._cv.wait(0.5)
+                if lease.state is RankState.RELEASING:
+                    lease.move(RankState.IDLE, "node released")
+                return False, "", 0
+            permit, durations = job.permit, dict(job.released)
+            pids = [r.pid for r in job.live_ranks()]
+        try:
+            self._wait_gpu_memory(job.name, pids)
+            nxt_phase, nxt_it = job.client.release(permit, max(durations.values()))
+        finally:
+            with self._cv:
+                job.permit, job.releasing, job.released = None, False, {}
+                job.last_released_epoch = max(job.last_released_epoch, epoch)
+                for r in job.live_ranks():
+                    if r.state is RankState.RELEASING:
+                        r.move(RankState.IDLE, "node released")
+                self._cv.notify_all()
+        self._record("released", job=job.name, phase=permit.phase.value, iteration=permit.iteration, epoch=epoch,
+                     duration_s=round(max(durations.values()), 6), ranks=len(durations))
+        return True, nxt_phase.value, nxt_it
+
+    def _wait_gpu_memory(self, job: str, pids: list[int]) -> None:
+        """Wait (bounded) until the job's processes hold at most the configured GPU memory."""
+        limit, deadline = self.config.gpu_mem_limit_bytes, time.monotonic() + self.config.memory_wait_s
+        while True:
+            used = self.gpu.process_memory_bytes(pids)
+            if used is None or used <= limit:
+                return
+            if time.monotonic() > deadline:
+                log.warning("job %s still holds %d GPU bytes (limit %d) after %.0fs; releasing the node anyway",
+                            job, used, limit, self.config.memory_wait_s)
+                self._record("gpu_memory_not_freed", job=job, used_bytes=used, limit_bytes=limit)
+                return
+            time.sleep(0.05)
+
+    def progress(self, rank_id: str, epoch: int, finished: int, total: int) -> Migration | None:
+        """Forward rollout progress; returns the coordinator's migration directive, if any."""
+        with self._cv:
+            _, job = self._rank(rank_id)
+            permit = job.permit
+        if permit is None or permit.epoch != epoch:
+            return None
+        d = job.client.report_progress(permit, finished, total)
+        if d is None:
+            return None
+        return Migration(job=d.job, epoch=d.epoch, keep_nodes=d.keep_nodes, release_nodes=d.release_nodes)
+
+    # ------------------------------------------------------------------------------------- views
+    def status(self) -> dict[str, Any]:
+        with self._cv:
+            return {"node_id": self.config.node_id, "pool": self.config.pool.value,
+                    "connection": self.connection.state.value,
+                    "ranks": sum(r.live for r in self._ranks.values()),
+                    "cached_state_host_bytes": sum(r.host_bytes for r in self._ranks.values() if r.live),
+                    "events": self.events[-20:]}
+
+    def _record(self, event: str, **fields: Any) -> None:
+        rec = {"t": round(time.time(), 6), "node": self.config.node_id, "pool": self.config.pool.value,
+               "event": event, **fields}
+        line = json.dumps(rec, default=str)
+        with self._log_lock:
+            self.events.append(line)
+            del self.events[:-200]
+            if self.config.event_log:
+                fd = os.open(self.config.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, (line + "\n").encode())
+                finally:
+                    os.close(fd)
+        log.info("%s %s", event, fields)
+
+
+def _lease(p: Permit) -> Lease:
+    return Lease(job=p.job, phase=p.phase.value, iteration=p.iteration, epoch=p.epoch, nodes=p.nodes, ttl_s=p.ttl_s)
+
+
+__all__ = ["AgentConfig", "LocalJob", "NodeAgent"]

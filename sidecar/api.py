@@ -1,0 +1,204 @@
+"""Execution-plane contracts: errors, the two sidecar state machines, and the records they guard.
+
+Two lifecycles, each a str enum with one transition table (every edge commented with its event)
+and one ``transition()`` that refuses illegal edges and records (from, to, time, reason):
+
+* :class:`ConnectionState`, the sidecar's one stream to the coordinator;
+* :class:`RankState`, one trainer rank's lease on the node (its open ``Attach`` stream).
+
+Torch is never imported here: the sidecar daemon must not create a CUDA context.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from rollmux.coordinator.service.states import transition as _transition
+from rollmux.errors import RollMuxError
+
+# ------------------------------------------------------------------------------------------ errors
+
+
+class SidecarError(RollMuxError):
+    """Base class of every error the sidecar and the shim raise on purpose."""
+
+
+class ShimConfigError(SidecarError, ValueError):
+    """The shim is opted in but its configuration is incomplete (missing job name or token)."""
+
+
+class SidecarUnreachableError(SidecarError, ConnectionError):
+    """Opted in, but the node sidecar (or the coordinator behind it) cannot be reached."""
+
+
+class RankLeaseError(SidecarError):
+    """A rank call the sidecar refuses: unknown rank id, stale epoch, or a call out of turn."""
+
+
+class JobAbortedError(SidecarError):
+    """The job lost a rank (or its lease) while this rank waited; stop the job."""
+
+
+class PermitWaitTimeoutError(SidecarError, TimeoutError):
+    """A permit was not granted within the wait limit; the message names what it waited for."""
+
+
+# ------------------------------------------------------------------------------------------ phases
+
+PHASES = ("rollout", "train", "sync")
+"""Phase names the shim accepts, in the coordinator's on-policy order Rollout(i) -> Train(i) -> Sync(i)."""
+
+
+def phase_pool(phase: str) -> str:
+    """The pool whose node a phase's permit holds: rollout runs on the rollout pool, train and sync
+    on the training pool (sync is part of T_train in the policy)."""
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r} is not a RollMux phase: expected one of {', '.join(PHASES)}")
+    return "rollout" if phase == "rollout" else "train"
+
+
+# ------------------------------------------------------------------------------ connection states
+
+
+class ConnectionState(str, enum.Enum):
+    """The sidecar's stream to the coordinator.
+
+    CONNECTING (registering the node and opening the stream) -> CONNECTED (first snapshot received)
+    -> RECONNECTING (stream lost: coordinator restart or network; backoff, re-register, resync)
+    -> CONNECTED ... ; CLOSED (sidecar shutting down) is terminal.
+    """
+
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    RECONNECTING = "reconnecting"
+    CLOSED = "closed"
+
+
+CONNECTION_TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
+    ConnectionState.CONNECTING: frozenset({
+        ConnectionState.CONNECTED,  # first NodeDown snapshot arrived
+        ConnectionState.CLOSED,  # shut down before the coordinator answered
+    }),
+    ConnectionState.CONNECTED: frozenset({
+        ConnectionState.RECONNECTING,  # the stream ended (coordinator restart, network)
+        ConnectionState.CLOSED,  # shutdown
+    }),
+    ConnectionState.RECONNECTING: frozenset({
+        ConnectionState.CONNECTED,  # re-registered; snapshot resynced the node
+        ConnectionState.CLOSED,  # shutdown while retrying
+    }),
+    ConnectionState.CLOSED: frozenset(),
+}
+
+# ------------------------------------------------------------------------------------ rank states
+
+
+class RankState(str, enum.Enum):
+    """One rank's lease on its node; the lease is the rank's open ``Attach`` stream.
+
+    IDLE (attached, between phases) -> WAITING (blocked in Acquire) -> RUNNING (holds the job's
+    permit) -> RELEASING (released; waits for the job's other local ranks and the GPU memory check)
+    -> IDLE. From any live state: DETACHED (clean ``Detach``) or DEAD (the stream dropped without
+    one: the process died). DETACHED and DEAD are terminal.
+    """
+
+    IDLE = "idle"
+    WAITING = "waiting"
+    RUNNING = "running"
+    RELEASING = "releasing"
+    DETACHED = "detached"
+    DEAD = "dead"
+
+
+RANK_TERMINAL = frozenset({RankState.DETACHED, RankState.DEAD})
+"""States a rank lease never leaves."""
+
+_LIVE_EXITS = frozenset({RankState.DETACHED, RankState.DEAD})
+
+RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
+    RankState.IDLE: frozenset({
+        RankState.WAITING,  # Acquire called
+        RankState.RUNNING,  # Acquire found the job's permit already granted here (fan-out)
+        *_LIVE_EXITS,  # Detach / stream dropped
+    }),
+    RankState.WAITING: frozenset({
+        RankState.RUNNING,  # the job's permit was granted on this node
+        RankState.IDLE,  # the wait failed (timeout, job aborted)
+        *_LIVE_EXITS,
+    }),
+    RankState.RUNNING: frozenset({
+        RankState.RELEASING,  # Release called
+        RankState.IDLE,  # the lease was revoked or the job aborted
+        *_LIVE_EXITS,
+    }),
+    RankState.RELEASING: frozenset({
+        RankState.IDLE,  # every local rank released and the node went back to the coordinator
+        *_LIVE_EXITS,
+    }),
+    RankState.DETACHED: frozenset(),
+    RankState.DEAD: frozenset(),
+}
+
+
+@dataclass(slots=True, kw_only=True)
+class RankLease:
+    """A live rank attached to this node (mutable runtime record, changed only through :meth:`move`)."""
+
+    rank_id: str  # sidecar-assigned id, "<job>/<rank>#<n>"
+    job: str  # the job's name
+    rank: int  # the rank's number inside its job
+    pid: int  # host process id (NVML per-process memory)
+    state: RankState = RankState.IDLE
+    history: list[tuple[str, str, float, str]] = field(default_factory=list)  # (from, to, wall s, event)
+    host_bytes: int = 0  # host DRAM its state cache holds, as last reported
+
+    def describe(self) -> str:
+        return f"rank lease {self.rank_id}"
+
+    def move(self, new: RankState, reason: str) -> None:
+        """Transition through :data:`RANK_TRANSITIONS` (raises ``IllegalTransitionError``)."""
+        _transition(self, RANK_TRANSITIONS, new, now=time.time(), reason=reason)
+
+    @property
+    def live(self) -> bool:
+        return self.state not in RANK_TERMINAL
+
+
+@dataclass(slots=True, kw_only=True)
+class Connection:
+    """The sidecar's coordinator connection (changed only through :meth:`move`)."""
+
+    node_id: str
+    state: ConnectionState = ConnectionState.CONNECTING
+    history: list[tuple[str, str, float, str]] = field(default_factory=list)
+    reconnects: int = 0  # how many times the stream came back
+
+    def describe(self) -> str:
+        return f"coordinator connection of node {self.node_id}"
+
+    def move(self, new: ConnectionState, reason: str) -> None:
+        _transition(self, CONNECTION_TRANSITIONS, new, now=time.time(), reason=reason)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """A permit as the sidecar hands it to ranks (plain data, no protobuf)."""
+
+    job: str
+    phase: str  # rollout | train | sync
+    iteration: int
+    epoch: int  # fencing token
+    nodes: tuple[str, ...]
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Migration:
+    """Long-tail migration directive: keep running on `keep_nodes`, stop using `release_nodes`."""
+
+    job: str
+    epoch: int
+    keep_nodes: tuple[str, ...]
+    release_nodes: tuple[str, ...]

@@ -1,0 +1,120 @@
+"""`rollmux sidecar`: the node agent (one per node; a DaemonSet on Kubernetes)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket as _socket
+import sys
+import tempfile
+import threading
+
+HELP = "Run a node's sidecar: register the node, hold its coordinator stream, serve local ranks on a socket."
+
+DEFAULT_SOCKET_DIR = "/run/rollmux"
+SOCKET_NAME = "sidecar.sock"
+MAX_SOCKET_PATH = 107  # sun_path limit on Linux, minus the terminating NUL
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from rollmux.coordinator.service import env as coord_env
+
+    parser.add_argument("--coordinator", default=os.environ.get(coord_env.COORDINATOR),
+                        help=f"coordinator HOST:PORT[,HOST:PORT] (default ${coord_env.COORDINATOR})")
+    parser.add_argument("--node-id", default=_socket.gethostname(), help="this node's id at the coordinator")
+    parser.add_argument("--pool", choices=["rollout", "train"], required=True, help="the node's pool")
+    parser.add_argument("--socket", default=None,
+                        help=f"Unix socket for local ranks (default {DEFAULT_SOCKET_DIR}/{SOCKET_NAME}, or a temp "
+                             "dir when that is not writable)")
+    parser.add_argument("--gpu-type", default=None,
+                        help="GPU catalog key to register when NVML is unavailable (default: the pool's default, "
+                             "H20 for rollout, H800 for train)")
+    parser.add_argument("--gpu-count", type=int, default=1, help="GPU count to register when NVML is unavailable")
+    parser.add_argument("--no-nvml", action="store_true", help="do not use NVML even if present")
+    parser.add_argument("--gpu-mem-limit-mib", type=int, default=512,
+                        help="a job's processes may keep this much GPU memory when the node is released")
+    parser.add_argument("--memory-wait-s", type=float, default=30.0,
+                        help="longest wait for a job's GPU memory to drop before releasing anyway")
+    parser.add_argument("--heartbeat-s", type=float, default=0.5, help="coordinator heartbeat period")
+    parser.add_argument("--event-log", default=None, help="append node events as JSON lines to this file")
+    parser.add_argument("--ready-file", default=None,
+                        help="write the socket path here once connected to the coordinator and serving")
+    parser.add_argument("--log-level", default="warning")
+
+
+def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]:
+    """The default socket path and, when it had to fall back to a temp dir, a message saying why."""
+    from rollmux.sidecar import env
+
+    wanted = socket_dir or os.environ.get(env.SOCKET_DIR) or DEFAULT_SOCKET_DIR
+    try:
+        os.makedirs(wanted, mode=0o755, exist_ok=True)
+        if os.access(wanted, os.W_OK):
+            return os.path.join(wanted, SOCKET_NAME), None
+    except OSError:
+        pass
+    fallback = os.path.join(tempfile.gettempdir(), f"rollmux-{os.getuid()}")
+    os.makedirs(fallback, mode=0o700, exist_ok=True)
+    return (os.path.join(fallback, SOCKET_NAME),
+            f"rollmux sidecar: {wanted} is not writable, serving on {fallback}/{SOCKET_NAME} instead; point "
+            f"ranks at it with {env.SIDECAR_SOCKET}={fallback}/{SOCKET_NAME} (or run as a user who can write "
+            f"{wanted}, or pass --socket)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.model import ClusterSpec, Pool
+    from rollmux.sidecar import env
+    from rollmux.sidecar.agent import AgentConfig, NodeAgent
+    from rollmux.sidecar.gpu import detect
+    from rollmux.sidecar.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.coordinator:
+        print("rollmux sidecar: give --coordinator HOST:PORT (or set ROLLMUX_COORDINATOR)", file=sys.stderr)
+        return 2
+    path = args.socket
+    if path is None:
+        path, note = default_socket_path()
+        if note:
+            print(note, file=sys.stderr)
+    if len(path) > MAX_SOCKET_PATH:
+        print(f"rollmux sidecar: socket path {path!r} is {len(path)} characters, longer than the {MAX_SOCKET_PATH} "
+              "a Unix socket allows: pass a shorter --socket", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pool = Pool(args.pool)
+    gpu_type = args.gpu_type or ClusterSpec().gpu_for(pool).name
+    gpu = detect(gpu_type, args.gpu_count, use_nvml=not args.no_nvml)
+    config = AgentConfig(node_id=args.node_id, pool=pool, gpu_mem_limit_bytes=args.gpu_mem_limit_mib << 20,
+                         memory_wait_s=args.memory_wait_s, heartbeat_s=args.heartbeat_s, event_log=args.event_log)
+    client = CoordinatorClient([t.strip() for t in args.coordinator.split(",") if t.strip()], retry_s=10.0)
+    agent = NodeAgent(config, client, gpu).start()
+    server = serve(agent, path)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    if not agent.wait_connected(30.0):
+        print(f"rollmux sidecar: node {args.node_id} cannot reach the coordinator at {args.coordinator} yet; still "
+              "retrying (check the address and that `rollmux coordinator` runs)", file=sys.stderr)
+    while not done.is_set() and not agent.wait_connected(0.5):
+        pass
+    if args.ready_file and not done.is_set():
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(path)
+        os.replace(tmp, args.ready_file)
+    print(f"rollmux sidecar: node {args.node_id} ({args.pool}, {gpu.facts().gpu_type} x{gpu.facts().gpu_count}, "
+          f"nvml={'yes' if gpu.available else 'no'}) serving ranks on {path}; ranks opt in with "
+          f"{env.SIDECAR_SOCKET}={path}", file=sys.stderr, flush=True)
+    done.wait()
+    server.stop(grace=1.0)
+    agent.stop()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return 0

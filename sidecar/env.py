@@ -1,0 +1,29 @@
+"""Environment variables of the execution plane (shim and sidecar), each named once.
+
+Setting :data:`SIDECAR_SOCKET` is the opt-in: without it every shim call is a no-op. The coordinator
+address reuses the coordinator's own variable (``rollmux.coordinator.service.env.COORDINATOR``).
+"""
+
+from __future__ import annotations
+
+SIDECAR_SOCKET = "ROLLMUX_SIDECAR_SOCKET"
+"""Opt-in. Path of the node sidecar's Unix-domain socket the trainer ranks attach to
+(e.g. ``/run/rollmux/sidecar.sock``). Unset: RollMux is off and the shim does nothing."""
+
+JOB = "ROLLMUX_JOB"
+"""Name of the job this process belongs to, as registered with the coordinator."""
+
+JOB_TOKEN = "ROLLMUX_JOB_TOKEN"
+"""The job token the coordinator returned at registration (authenticates the job's permit calls)."""
+
+RANK = "ROLLMUX_RANK"
+"""This process's rank inside its job (for logs; defaults to ``RANK`` or 0)."""
+
+EVENT_LOG = "ROLLMUX_EVENT_LOG"
+"""Optional file the shim appends one JSON line per phase to (job, rank, node, phase, times)."""
+
+PERMIT_TIMEOUT_S = "ROLLMUX_PERMIT_TIMEOUT_S"
+"""Longest wait for one permit, seconds (default 600)."""
+
+SOCKET_DIR = "ROLLMUX_SOCKET_DIR"
+"""Directory of the sidecar's default socket (default ``/run/rollmux``)."""

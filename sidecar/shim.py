@@ -1,0 +1,422 @@
+"""The in-process shim: ``rollmux.init``, ``rollmux.phase``, ``rollmux.runtime_hook``,
+``rollmux.register_state`` and ``rollmux.shutdown``.
+
+Opt-in: set ``ROLLMUX_SIDECAR_SOCKET`` (see ``rollmux.sidecar.env``) or pass ``socket=`` to
+:func:`init`. Without it every call here returns at once: a decorated function costs one global
+read and one extra Python call, and ``grpc``/``torch`` are never imported.
+
+Opted in, a phase::
+
+    @rollmux.phase("train")              # or: with rollmux.phase("train"):
+    def train_step(...): ...
+
+blocks until the node sidecar hands this rank the job's permit (the sidecar fans one coordinator
+permit out to every local rank of the job), reloads the state registered with
+:func:`register_state` from host buffers, runs, offloads the state again, and releases the permit
+with the measured duration; the sidecar returns the node to the coordinator once every local rank
+released and the job's GPU memory is really freed.
+
+A phase whose pool is not this rank's node pool (the rollout worker's side of ``sync``, whose
+permit holds the training node) runs as a *follower*: no permit of its own, its state is loaded
+for the phase, and the collective it takes part in pairs it with the permit holder.
+
+The shim always talks to the local sidecar socket; there is no direct-to-coordinator mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from rollmux.sidecar import env
+from rollmux.sidecar.api import (
+    PHASES,
+    JobAbortedError,
+    Lease,
+    Migration,
+    PermitWaitTimeoutError,
+    RankLeaseError,
+    ShimConfigError,
+    SidecarError,
+    SidecarUnreachableError,
+    phase_pool,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_PERMIT_TIMEOUT_S = 600.0
+
+_runtime: _Runtime | None = None
+_resolved = False  # the opt-in was looked at (init ran, explicitly or lazily)
+_init_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------------------------- records
+
+
+@dataclass(slots=True, kw_only=True)
+class PhaseContext:
+    """One running phase in this rank (what ``with rollmux.phase(...) as ctx`` binds)."""
+
+    phase: str
+    iteration: int
+    owner: bool  # True: this rank holds the permit; False: follower (permit held on the other pool)
+    lease: Lease | None  # the permit (None for a follower)
+    t_request: float  # wall time the rank asked for the permit
+    t_start: float = 0.0  # wall time the phase body started (after the state reload)
+    reload_s: float = 0.0  # time spent reloading registered state
+
+
+@dataclass(slots=True, kw_only=True)
+class _Runtime:
+    """The opted-in shim's connection and counters (one per process)."""
+
+    socket: str
+    job: str
+    rank: int
+    timeout_s: float
+    event_log: str | None
+    channel: Any
+    stub: Any
+    stream: Any
+    rank_id: str
+    node_id: str
+    pool: str
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    current: PhaseContext | None = None
+    cache: Any = None  # rollmux.sidecar.state_cache.StateCache, created by register_state
+    lost: threading.Event = field(default_factory=threading.Event)  # permit revoked / job aborted
+    broken: str | None = None  # why the sidecar stream ended unexpectedly
+    closing: bool = False
+    migrations: list[Migration] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------- init
+
+
+def init(*, socket: str | None = None, job: str | None = None, job_token: str | None = None,
+         rank: int | None = None, permit_timeout_s: float | None = None, event_log: str | None = None,
+         connect_timeout_s: float = 15.0) -> bool:
+    """Opt this process in (or not), attaching it to the node's sidecar. Idempotent.
+
+    Every argument defaults to its environment variable (``rollmux.sidecar.env``); an explicit
+    argument wins.
+
+    Args:
+        socket: the sidecar's Unix socket (``ROLLMUX_SIDECAR_SOCKET``, the opt-in).
+        job: the job's registered name (``ROLLMUX_JOB``).
+        job_token: the job token from registration (``ROLLMUX_JOB_TOKEN``).
+        rank: this process's rank in the job (``ROLLMUX_RANK``, else ``RANK``, else 0).
+        permit_timeout_s: longest wait for one permit (``ROLLMUX_PERMIT_TIMEOUT_S``, else 600).
+        event_log: file to append one JSON line per phase to (``ROLLMUX_EVENT_LOG``).
+        connect_timeout_s: how long to wait for the sidecar socket to accept.
+
+    Returns:
+        True when opted in and attached; False when RollMux is off (no socket configured).
+
+    Raises:
+        ShimConfigError: opted in without a job name or token.
+        SidecarUnreachableError: opted in but the sidecar (or its coordinator) cannot be reached.
+    """
+    global _runtime, _resolved
+    with _init_lock:
+        path = socket if socket is not None else os.environ.get(env.SIDECAR_SOCKET, "")
+        if not path:
+            _resolved = True
+            return False
+        if _runtime is not None:
+            return True
+        job = job or os.environ.get(env.JOB, "")
+        token = job_token or os.environ.get(env.JOB_TOKEN, "")
+        if not job or not token:
+            missing = [n for n, v in ((env.JOB, job), (env.JOB_TOKEN, token)) if not v]
+            raise ShimConfigError(f"RollMux is opted in ({env.SIDECAR_SOCKET}={path}) but {' and '.join(missing)} "
+                                  "is not set: pass the registered job's name and token (rollmux.init(job=..., "
+                                  f"job_token=...)) or unset {env.SIDECAR_SOCKET} to run without RollMux")
+        if rank is None:
+            rank = int(os.environ.get(env.RANK) or os.environ.get("RANK") or 0)
+        timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
+        _runtime = _attach(path, job, token, rank, timeout, event_log or os.environ.get(env.EVENT_LOG) or None,
+                           connect_timeout_s)
+        _resolved = True
+        return True
+
+
+def _unreachable(path: str, why: str) -> SidecarUnreachableError:
+    return SidecarUnreachableError(
+        f"RollMux is opted in ({env.SIDECAR_SOCKET}={path}) but {why}. Start the node sidecar there "
+        f"(`rollmux sidecar --coordinator HOST:PORT --pool rollout|train --socket {path}`), or unset "
+        f"{env.SIDECAR_SOCKET} to run without RollMux (the job never runs unscheduled on shared GPUs)")
+
+
+def _attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_log: str | None,
+            connect_timeout_s: float) -> _Runtime:
+    import grpc
+
+    from rollmux.proto import sidecar_v1_pb2 as spb
+    from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
+
+    if not os.path.exists(path):
+        raise _unreachable(path, "no sidecar socket exists at that path")
+    channel = grpc.insecure_channel(f"unix:{path}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise _unreachable(path, f"the socket did not accept a connection within {connect_timeout_s:g}s "
+                                 "(stale socket file: is the sidecar process running?)") from None
+    stub = spb_grpc.SidecarStub(channel)
+    stream = stub.Attach(spb.AttachRequest(job=job, job_token=token, rank=rank, pid=os.getpid()))
+    try:
+        first = next(stream)
+    except grpc.RpcError as exc:
+        channel.close()
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise _unreachable(path, f"the sidecar cannot attach this rank: {exc.details()}") from None
+        raise ShimConfigError(f"the sidecar at {path} refused job {job!r} rank {rank}: {exc.details()}") from None
+    rt = _Runtime(socket=path, job=job, rank=rank, timeout_s=timeout_s, event_log=event_log, channel=channel,
+                  stub=stub, stream=stream, rank_id=first.attached.rank_id, node_id=first.attached.node_id,
+                  pool=first.attached.pool)
+    threading.Thread(target=_watch, args=(rt,), name="rollmux-lease", daemon=True).start()
+    return rt
+
+
+def _watch(rt: _Runtime) -> None:
+    """Consume the Attach stream: revocations and migration directives; notice a lost sidecar."""
+    import grpc
+
+    try:
+        for ev in rt.stream:
+            kind = ev.WhichOneof("kind")
+            if kind == "revoked":
+                cur = rt.current
+                if cur is not None and cur.lease is not None and ev.revoked.epoch in (0, cur.lease.epoch):
+                    rt.lost.set()
+            elif kind == "migrate":
+                m = ev.migrate
+                rt.migrations.append(Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
+                                               release_nodes=tuple(m.release_nodes)))
+    except grpc.RpcError as exc:
+        if not rt.closing:
+            rt.broken = f"the sidecar stream ended: {exc.code().name} {exc.details()}"
+        return
+    if not rt.closing:
+        rt.broken = "the sidecar ended this rank's lease"
+
+
+def _active() -> _Runtime | None:
+    if _runtime is not None or _resolved:
+        return _runtime
+    init()  # lazily, from the environment
+    return _runtime
+
+
+def _rpc(rt: _Runtime, method: str, request: Any, timeout_s: float) -> Any:
+    import grpc
+
+    if rt.broken:
+        raise _unreachable(rt.socket, rt.broken)
+    try:
+        return getattr(rt.stub, method)(request, timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise PermitWaitTimeoutError(f"job {rt.job!r} rank {rt.rank}: {details or 'permit wait timed out'}") \
+                from None
+        if code == grpc.StatusCode.ABORTED:
+            raise JobAbortedError(details) from None
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            raise RankLeaseError(details) from None
+        if code == grpc.StatusCode.UNAVAILABLE:
+            raise _unreachable(rt.socket, f"the sidecar call {method} failed: {details}") from None
+        raise SidecarError(f"sidecar call {method} failed: {code.name} {details}") from None
+
+
+# ----------------------------------------------------------------------------------------- phases
+
+
+class _Phase:
+    """``rollmux.phase(name)``: a context manager, and a decorator that enters it per call."""
+
+    __slots__ = ("name", "iteration", "_ctx")
+
+    def __init__(self, name: str, iteration: int | None) -> None:
+        if name not in PHASES:
+            raise ValueError(f"rollmux.phase({name!r}): expected one of {', '.join(PHASES)}")
+        self.name, self.iteration = name, iteration
+        self._ctx: PhaseContext | None = None
+
+    def __call__(self, fn: F) -> F:
+        name, iteration = self.name, self.iteration
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _runtime is None and _resolved:  # not opted in: straight through
+                return fn(*args, **kwargs)
+            with _Phase(name, iteration):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __enter__(self) -> PhaseContext | None:
+        rt = _active()
+        self._ctx = None if rt is None else _enter(rt, self.name, self.iteration)
+        return self._ctx
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._ctx is not None and _runtime is not None:
+            ctx, self._ctx = self._ctx, None
+            _exit(_runtime, ctx)
+
+
+def phase(name: str, *, iteration: int | None = None) -> _Phase:
+    """Gate a phase on the job's permit: ``@rollmux.phase("train")`` or ``with rollmux.phase("train"):``.
+
+    Args:
+        name: "rollout", "train" or "sync".
+        iteration: the job iteration this phase belongs to; None counts this process's calls of
+            `name` (0, 1, 2, ...), which fits loops that run every phase once per iteration.
+
+    Raises (opted in only):
+        PermitWaitTimeoutError, JobAbortedError, RankLeaseError, SidecarUnreachableError.
+    """
+    return _Phase(name, iteration)
+
+
+def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
+    from rollmux.proto import sidecar_v1_pb2 as spb
+
+    if rt.current is not None:
+        raise RankLeaseError(f"rollmux.phase({name!r}) entered inside phase {rt.current.phase!r}: phases do "
+                             "not nest; end the first one before starting the next")
+    it = rt.counters[name] if iteration is None else iteration
+    owner = phase_pool(name) == rt.pool
+    ctx = PhaseContext(phase=name, iteration=it, owner=owner, lease=None, t_request=time.time())
+    if owner:
+        resp = _rpc(rt, "Acquire", spb.AcquireRequest(rank_id=rt.rank_id, phase=name, iteration=it,
+                                                       timeout_s=rt.timeout_s), rt.timeout_s + 30.0)
+        ls = resp.lease
+        ctx.lease = Lease(job=ls.job, phase=ls.phase, iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
+                          ttl_s=ls.ttl_s)
+    rt.lost.clear()
+    t0 = time.time()
+    if rt.cache is not None:
+        rt.cache.reload()
+    ctx.t_start = time.time()
+    ctx.reload_s = ctx.t_start - t0
+    rt.current = ctx
+    return ctx
+
+
+def _exit(rt: _Runtime, ctx: PhaseContext) -> None:
+    from rollmux.proto import sidecar_v1_pb2 as spb
+
+    rt.current = None
+    t_body = time.time()
+    host_bytes = 0
+    if rt.cache is not None:
+        rt.cache.offload()
+        host_bytes = int(rt.cache.host_bytes())
+    t_end = time.time()
+    rt.counters[ctx.phase] = ctx.iteration + 1
+    if ctx.lease is not None:
+        _rpc(rt, "Release", spb.ReleaseRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
+                                                duration_s=t_end - ctx.t_start + ctx.reload_s,
+                                                state_host_bytes=host_bytes), rt.timeout_s + 30.0)
+    if rt.event_log:
+        rec = {"job": rt.job, "rank": rt.rank, "node": rt.node_id, "pool": rt.pool, "phase": ctx.phase,
+               "iteration": ctx.iteration, "owner": ctx.owner, "epoch": ctx.lease.epoch if ctx.lease else 0,
+               "t_request": round(ctx.t_request, 6), "t_start": round(ctx.t_start - ctx.reload_s, 6),
+               "t_body_end": round(t_body, 6), "t_end": round(t_end, 6), "t_released": round(time.time(), 6)}
+        fd = os.open(rt.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(rec) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+# ------------------------------------------------------------------------------- progress / state
+
+
+def runtime_hook(finished: int, total: int) -> Migration | None:
+    """Report rollout progress (``finished`` of ``total`` responses) during a rollout phase.
+
+    Returns:
+        The coordinator's long-tail migration directive once the rollout is tail-bound (stop using
+        ``release_nodes``, finish on ``keep_nodes``), else None. Always None when not opted in or
+        outside an owned rollout phase.
+    """
+    rt = _runtime if (_runtime is not None or _resolved) else _active()
+    if rt is None or rt.current is None or rt.current.lease is None or rt.current.phase != "rollout":
+        return None
+    from rollmux.proto import sidecar_v1_pb2 as spb
+
+    resp = _rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=rt.current.lease.epoch,
+                                                     finished=finished, total=total), 30.0)
+    if not resp.HasField("migrate"):
+        return None
+    m = resp.migrate
+    return Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes), release_nodes=tuple(m.release_nodes))
+
+
+def register_state(*objects: Any, name: str | None = None) -> None:
+    """Register modules, optimizers and loose tensors to be offloaded between phases.
+
+    Outside a phase the registered state lives in host buffers allocated once for the job; each
+    phase reloads it first and offloads it at the end. No-op when not opted in.
+
+    Args:
+        objects: ``torch.nn.Module``, ``torch.optim.Optimizer`` or ``torch.Tensor`` instances.
+        name: name prefix in the cache (default: the kind and position).
+    """
+    rt = _active()
+    if rt is None:
+        return
+    from rollmux.sidecar.state_cache import StateCache
+
+    if rt.cache is None:
+        rt.cache = StateCache(f"{rt.job}/{rt.rank}")
+    for i, obj in enumerate(objects):
+        label = f"{name or 'state'}{i}"
+        if hasattr(obj, "param_groups") and hasattr(obj, "state"):
+            rt.cache.register_optimizer(f"{label}.optimizer", obj)
+        elif hasattr(obj, "parameters") and hasattr(obj, "buffers"):
+            rt.cache.register_module(f"{label}.module", obj)
+        else:
+            rt.cache.register_tensor(f"{label}.tensor", obj)
+
+
+def enabled() -> bool:
+    """True when this process is opted in and attached to its sidecar."""
+    return _active() is not None
+
+
+def shutdown(*, job_done: bool = False) -> None:
+    """Detach from the sidecar (ends this rank's lease cleanly) and drop the state cache. Idempotent.
+
+    Args:
+        job_done: the whole job finished: the sidecar deregisters it at the coordinator.
+    """
+    global _runtime
+    rt = _runtime
+    if rt is None:
+        return
+    from rollmux.proto import sidecar_v1_pb2 as spb
+
+    rt.closing = True
+    try:
+        _rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
+    except SidecarError:
+        pass  # the sidecar is gone: the lease ended with it
+    finally:
+        if rt.cache is not None:
+            rt.cache.reload()  # leave the registered tensors usable after the job
+            rt.cache.release()
+        rt.channel.close()
+        _runtime = None
