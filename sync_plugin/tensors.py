@@ -6,6 +6,7 @@ bitwise identical. Torch is imported lazily; importing this module does not impo
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -78,24 +79,33 @@ class LocalStream:
 
     def read_into(self, span: Span, out: torch.Tensor) -> None:
         """Copy the bytes of ``span`` into ``out[:span.length]``."""
-        for start, part in zip(self._starts, self._parts):
+        i = max(0, bisect.bisect_right(self._starts, span.start) - 1)
+        while i < len(self._parts) and self._starts[i] < span.stop:
+            start, part = self._starts[i], self._parts[i]
             lo, hi = max(span.start, start), min(span.stop, start + part.numel())
             if hi > lo:
                 out[lo - span.start : hi - span.start].copy_(part[lo - start : hi - start], non_blocking=True)
+            i += 1
 
 
 def owned_parts(views: Sequence[torch.Tensor], ownership: Sequence[Span]) -> list[torch.Tensor]:
-    """Slice full-parameter byte views down to the global spans a trainer owns, in order."""
+    """Slice full-parameter byte views down to the global spans a trainer owns, in order.
+
+    Both lists are sorted by global offset, so one merge walk does it (linear in params + spans).
+    """
     out = []
-    starts, pos = [], 0
-    for v in views:
-        starts.append(pos)
-        pos += v.numel()
+    i, start = 0, 0
     for s in ownership:
-        for start, v in zip(starts, views):
-            lo, hi = max(s.start, start), min(s.stop, start + v.numel())
+        while i < len(views) and start + views[i].numel() <= s.start:
+            start += views[i].numel()
+            i += 1
+        j, pos = i, start
+        while j < len(views) and pos < s.stop:
+            lo, hi = max(s.start, pos), min(s.stop, pos + views[j].numel())
             if hi > lo:
-                out.append(v[lo - start : hi - start])
+                out.append(views[j][lo - pos : hi - pos])
+            pos += views[j].numel()
+            j += 1
     return out
 
 
