@@ -150,7 +150,7 @@ def test_chaos_sigkill_coordinator_job_sidecar_and_redis_restart(redis_server: R
     names = [f"j{i}" for i in range(N_JOBS)]
     tokens = {n: client.register_job(job_spec(n, nr=16 if i % 2 == 0 else 8)).token for i, n in enumerate(names)}
     groups = {j.group_id for j in client.cluster_state().jobs}
-    assert len(groups) == n_groups  # jobs share nodes in pairs
+    assert len(groups) < N_JOBS  # jobs share nodes, so mutual exclusion is exercised
     log = tmp_path / "events.log"
 
     def spawn(name: str) -> subprocess.Popen[bytes]:

@@ -188,8 +188,8 @@ def test_reload_from_records_resumes_queues_and_leases() -> None:
     assert rt2.permits["a"].epoch == epoch
     rt2.release("a", epoch, 1.0)
     assert rt2.permits["b"].state is PermitState.GRANTED
-    register(rt2, "c", nr=16)  # the policy state was restored: new groups get fresh ids
-    assert rt2.jobs["c"].group_id != rt2.jobs["a"].group_id
+    register(rt2, "c", nr=8, slo=1.0)  # a solo job gets a new group: the restored policy state continues ids
+    assert rt2.jobs["c"].state is JobState.ADMITTED and rt2.jobs["c"].group_id not in ("", rt2.jobs["a"].group_id)
     rt2.check_invariants()
 
 
