@@ -18,7 +18,7 @@ import sys
 import time
 
 from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
-from rollmux.model import Phase, Pool
+from rollmux.model import Pool
 
 
 def log_line(fd: int, *parts: object) -> None:

@@ -142,15 +142,20 @@ def test_chaos_sigkill_coordinator_job_sidecar_and_redis_restart(redis_server: R
     coord = Coordinator(redis_server.url, tmp_path)
     coord.start()
     client = CoordinatorClient(coord.address, retry_s=30)
-    n_groups = (N_JOBS + 1) // 2
-    for i in range(2 * n_groups):
-        client.register_node(f"r{i}", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12)
-    for i in range(n_groups):
-        client.register_node(f"t{i}", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12)
-    names = [f"j{i}" for i in range(N_JOBS)]
-    tokens = {n: client.register_job(job_spec(n, nr=16 if i % 2 == 0 else 8)).token for i, n in enumerate(names)}
-    groups = {j.group_id for j in client.cluster_state().jobs}
-    assert len(groups) < N_JOBS  # jobs share nodes, so mutual exclusion is exercised
+    try:  # a failed setup must not leave the coordinator process behind
+        n_groups = (N_JOBS + 1) // 2
+        for i in range(2 * n_groups):
+            client.register_node(f"r{i}", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12)
+        for i in range(n_groups):
+            client.register_node(f"t{i}", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12)
+        names = [f"j{i}" for i in range(N_JOBS)]
+        tokens = {n: client.register_job(job_spec(n, nr=16 if i % 2 == 0 else 8)).token for i, n in enumerate(names)}
+        groups = {j.group_id for j in client.cluster_state().jobs}
+        assert len(groups) < N_JOBS  # jobs share nodes, so mutual exclusion is exercised
+    except BaseException:
+        coord.kill()
+        client.close()
+        raise
     log = tmp_path / "events.log"
 
     def spawn(name: str) -> subprocess.Popen[bytes]:
