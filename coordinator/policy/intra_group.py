@@ -12,6 +12,11 @@ meta-iteration is a max-plus linear map, and the steady-state period T_coexec is
 (`cycle_time`, exact, no transient to wait out); this is what the placement policy checks SLOs
 against. With per-iteration times (the simulator's stochastic lengths) the period is measured
 over the second half of the simulated horizon.
+
+Long-tail migration (paper §4.3, Fig. 7) is an optional hook: `rollout_release` says when a
+Rollout hands its pinned nodes to the next rollout queued on them, which may be before the
+Rollout itself ends (its remaining tail was consolidated onto a few GPUs). The job's own Train
+still waits for the whole Rollout. Without the hook a Rollout holds its nodes until it ends.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from rollmux.model import Phase
 
 PhaseTimeFn = Callable[[int, int, Phase], float]
 """(member index, iteration, phase) -> duration in seconds."""
+
+ReleaseFn = Callable[[int, int], float]
+"""(member index, iteration) -> seconds after that Rollout starts at which its pinned rollout nodes
+pass to the next rollout in their queues (long-tail migration); clamped to [0, rollout duration]."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +54,7 @@ class PhaseInterval:
     start_s: float
     end_s: float
     nodes: tuple[Hashable, ...]  # rollout node ids, or ("train",) for the training pool
+    released_s: float | None = None  # Rollout only: when its nodes passed on (migration); None = at end_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +73,8 @@ def default_horizon(n_members: int) -> int:
 
 
 def simulate_round_robin(members: Sequence[MemberTiming], *, iterations: int | None = None,
-                         phase_time: PhaseTimeFn | None = None, record: bool = False) -> ScheduleResult:
+                         phase_time: PhaseTimeFn | None = None, record: bool = False,
+                         rollout_release: ReleaseFn | None = None) -> ScheduleResult:
     """Event times of the round-robin meta-iteration schedule.
 
     Args:
@@ -71,6 +82,9 @@ def simulate_round_robin(members: Sequence[MemberTiming], *, iterations: int | N
         iterations: meta-iterations to simulate (default: `default_horizon`).
         phase_time: per-iteration durations; default: each member's fixed times.
         record: keep every phase interval in the result.
+        rollout_release: long-tail migration; when each Rollout hands its nodes to the next
+            rollout queued on them (default: when it ends). The member's Train still starts
+            only after its whole Rollout, so on-policy order is unchanged.
 
     Returns:
         Steady-state period per member, optional intervals, and the makespan.
@@ -91,17 +105,19 @@ def simulate_round_robin(members: Sequence[MemberTiming], *, iterations: int | N
             for n in m.rollout_nodes:
                 start = max(start, node_free.get(n, 0.0))
             end = start + t_roll
+            released = end if rollout_release is None else start + min(t_roll, max(0.0, rollout_release(idx, it)))
             for n in m.rollout_nodes:
-                node_free[n] = end
+                node_free[n] = released
             roll_starts[idx].append(start)
             t_start = max(end, train_free)
             train_free = job_ready[idx] = t_start + t_train
             if record:
                 intervals.append(PhaseInterval(job=m.name, phase=Phase.ROLLOUT, iteration=it, start_s=start,
-                                               end_s=end, nodes=tuple(m.rollout_nodes)))
+                                               end_s=end, nodes=tuple(m.rollout_nodes),
+                                               released_s=None if rollout_release is None else released))
                 intervals.append(PhaseInterval(job=m.name, phase=Phase.TRAIN, iteration=it, start_s=t_start,
                                                end_s=train_free, nodes=(TRAIN_POOL,)))
-    if phase_time is None:
+    if phase_time is None and rollout_release is None:
         # Fixed times: the exact steady state, free of any transient the horizon did not outlast.
         period = cycle_time(members)
         periods = {m.name: period for m in members}

@@ -95,3 +95,29 @@ def test_schedule_keeps_mutual_exclusion_and_on_policy_order(members: list[Membe
         ivs.sort(key=lambda iv: (iv.iteration, iv.phase is Phase.TRAIN))
         assert all(a.end_s <= b.start_s + 1e-9 for a, b in zip(ivs, ivs[1:]))
         assert [iv.iteration for iv in ivs] == sorted(iv.iteration for iv in ivs)
+
+
+def test_long_tail_migration_hands_nodes_to_the_next_rollout_at_the_release_time() -> None:
+    # Two rollout-heavy jobs on one node: without migration the node serialises whole rollouts
+    # (period 600); releasing it at the 80% mark lets B's rollout start under A's tail.
+    members = [member("A", 300, 100), member("B", 300, 100)]
+    plain = simulate_round_robin(members, iterations=4, phase_time=lambda i, it, ph: 300.0 if ph is Phase.ROLLOUT else 100.0,
+                                 record=True)
+    migr = simulate_round_robin(members, iterations=4, phase_time=lambda i, it, ph: 300.0 if ph is Phase.ROLLOUT else 100.0,
+                                record=True, rollout_release=lambda i, it: 240.0)
+    assert plain.periods_s["A"] == 600.0 and migr.periods_s["A"] == 480.0
+    a0, b0 = (iv for iv in migr.intervals if iv.phase is Phase.ROLLOUT and iv.iteration == 0)
+    assert a0.released_s == 240.0 and a0.end_s == 300.0 and b0.start_s == 240.0
+    # The job's own Train still waits for its whole rollout (on-policy order unchanged).
+    (a_train,) = (iv for iv in migr.intervals if iv.job == "A" and iv.phase is Phase.TRAIN and iv.iteration == 0)
+    assert a_train.start_s >= a0.end_s
+
+
+def test_release_hook_defaults_to_the_end_and_is_clamped() -> None:
+    members = [member("A", 300, 100), member("B", 100, 300)]
+    base = simulate_round_robin(members, iterations=6, phase_time=lambda i, it, ph: 200.0, record=True)
+    late = simulate_round_robin(members, iterations=6, phase_time=lambda i, it, ph: 200.0, record=True,
+                                rollout_release=lambda i, it: 1e9)  # past the end: clamped to the end
+    assert [(iv.start_s, iv.end_s) for iv in base.intervals] == [(iv.start_s, iv.end_s) for iv in late.intervals]
+    assert all(iv.released_s is None for iv in base.intervals)
+    assert simulate_round_robin(members).periods_s == simulate_round_robin(members, rollout_release=None).periods_s
