@@ -22,7 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.policy.intra_group import MemberTiming, PhaseInterval, simulate_round_robin
+from rollmux.coordinator.policy.intra_group import (
+    MemberTiming,
+    PhaseInterval,
+    PhaseTimeFn,
+    ReleaseFn,
+    simulate_round_robin,
+)
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.coordinator.sim.api import (
     JobOutcome,
@@ -119,28 +125,26 @@ class _Replay:
         n_iter = min(needed)
         timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes)
                    for j in members]
-        phase_time = self._phase_time_fn(group, members)
-        result = simulate_round_robin(timings, iterations=n_iter, phase_time=phase_time, record=True)
+        phase_time, release = self._phase_time_fn(group, members)
+        result = simulate_round_robin(timings, iterations=n_iter, phase_time=phase_time, record=True,
+                                      rollout_release=release)
         seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus,
                        by_job={j: [] for j in members})
         for iv in result.intervals:
-            seg.by_job[iv.job].append(PhaseInterval(job=iv.job, phase=iv.phase, iteration=iv.iteration,
-                                                    start_s=iv.start_s + t, end_s=iv.end_s + t, nodes=iv.nodes))
+            seg.by_job[iv.job].append(PhaseInterval(
+                job=iv.job, phase=iv.phase, iteration=iv.iteration, start_s=iv.start_s + t, end_s=iv.end_s + t,
+                nodes=iv.nodes, released_s=None if iv.released_s is None else iv.released_s + t))
         self.segments[gid] = seg
         finish = min(seg.by_job[j][2 * n_iter - 1].end_s for j, k in zip(members, needed) if k == n_iter)
         self.version[gid] = self.version.get(gid, 0) + 1
         heapq.heappush(self.events, (finish, _DEPARTURE, next(self.seq), gid, self.version[gid]))
 
-    def _phase_time_fn(self, group: GroupState, members: list[str]):  # noqa: ANN202
+    def _phase_time_fn(self, group: GroupState, members: list[str]) -> tuple[PhaseTimeFn, ReleaseFn | None]:
+        """Per-iteration phase durations of the members, and when each rollout hands its nodes on."""
         cfg = self.ctx.runtime
         multi = len(members) > 1
+        # Context switches happen only on nodes another member also uses.
         shares = [any(len(group.rollout[n].jobs) > 1 for n in group.members[j].rollout_nodes) for j in members]
-        # Migrate only where the group stays rollout-bound even with every tail charged before its
-        # Train: there a freed node always has a rollout waiting, while elsewhere the replay's
-        # tail-before-Train would idle the training pool (a modelling artefact, not a real cost).
-        tails = sum((1 - cfg.tail_fraction) * group.members[j].t_roll_s for j, s in zip(members, shares) if s)
-        rollout_bound = group.max_node_load_s > group.train_load_s + tails
-        migrating = [cfg.migration and rollout_bound and s for s in shares]
         draws: list[JobDraws] = [self.ctx.draws[j] for j in members]
         base = [self.jobs[j].done_iters for j in members]
         # Every member trains on the whole training pool (its data parallelism stretches to it).
@@ -148,25 +152,27 @@ class _Replay:
         roll_done = [self.jobs[j].roll_done_s for j in members]
         train_done = [self.jobs[j].train_done_s for j in members]
         if cfg.warm_start:
-            sw_roll = [d.warm_roll_s for d in draws]
-            sw_train = [d.warm_train_s for d in draws]
+            sw_roll = [d.warm_roll_s if s else 0.0 for d, s in zip(draws, shares)]
+            sw_train = [d.warm_train_s if multi else 0.0 for d in draws]
         else:
-            sw_roll = [d.cold_roll_s for d in draws]
-            sw_train = [d.cold_train_s for d in draws]
+            sw_roll = [d.cold_roll_s if s else 0.0 for d, s in zip(draws, shares)]
+            sw_train = [d.cold_train_s if multi else 0.0 for d in draws]
 
         def phase_time(idx: int, it: int, phase: Phase) -> float:
             d = draws[idx]
             g = base[idx] + it
-            migrate = migrating[idx]
             if phase is Phase.ROLLOUT:
-                value = float(d.roll_tail_s[g] if migrate else d.roll_s[g]) + (sw_roll[idx] if shares[idx] else 0.0)
+                value = float(d.roll_s[g]) + sw_roll[idx]
                 return max(0.0, value - roll_done[idx]) if it == 0 else value
-            value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + (sw_train[idx] if multi else 0.0)
-            if migrate:
-                value += float(d.roll_s[g] - d.roll_tail_s[g])
+            value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + sw_train[idx]
             return max(0.0, value - train_done[idx]) if it == 0 else value
 
-        return phase_time
+        def release(idx: int, it: int) -> float:
+            # Long-tail migration: the nodes pass on once the rollout is tail-bound (runtime.py).
+            value = sw_roll[idx] + draws[idx].release_s(base[idx] + it, cfg.tail_gpu_share)
+            return max(0.0, value - roll_done[idx]) if it == 0 else value
+
+        return phase_time, (release if cfg.migration and any(shares) else None)
 
     def _settle(self, gid: str, t: float) -> None:
         """End the group's segment at `t`: credit work done, account busy time, retire finished jobs."""
@@ -183,12 +189,11 @@ class _Replay:
                 for iv in (roll, train):
                     overlap = min(iv.end_s, t) - iv.start_s
                     if overlap > 0:
-                        gpus = len(iv.nodes) * gpn if iv.phase is Phase.ROLLOUT else seg.train_gpus
-                        self.busy[(Pool.ROLLOUT if iv.phase is Phase.ROLLOUT else Pool.TRAIN).value] += overlap * gpus
+                        self._account_busy(iv, t, seg.train_gpus, gpn)
                         if keep:
-                            self.intervals.setdefault(gid, []).append(
-                                iv if iv.end_s <= t else PhaseInterval(job=iv.job, phase=iv.phase, iteration=iv.iteration,
-                                                                       start_s=iv.start_s, end_s=t, nodes=iv.nodes))
+                            self.intervals.setdefault(gid, []).append(iv if iv.end_s <= t else PhaseInterval(
+                                job=iv.job, phase=iv.phase, iteration=iv.iteration, start_s=iv.start_s, end_s=t,
+                                nodes=iv.nodes, released_s=None if iv.released_s is None else min(iv.released_s, t)))
                 if train.end_s <= t:
                     completed += 1
                     continue
@@ -203,6 +208,16 @@ class _Replay:
             prog.done_iters += completed
             if prog.done_iters >= self.trace[j].iterations:
                 self._finish(j, gid, t)
+
+    def _account_busy(self, iv: PhaseInterval, t: float, train_gpus: int, gpn: int) -> None:
+        """GPU-seconds the phase ran before `t`; a migrated tail only keeps `tail_gpu_share` of its GPUs."""
+        if iv.phase is Phase.TRAIN:
+            self.busy[Pool.TRAIN.value] += (min(iv.end_s, t) - iv.start_s) * train_gpus
+            return
+        gpus = len(iv.nodes) * gpn
+        head_end = min(iv.end_s if iv.released_s is None else iv.released_s, t)
+        tail = max(0.0, min(iv.end_s, t) - head_end)
+        self.busy[Pool.ROLLOUT.value] += (head_end - iv.start_s) * gpus + tail * gpus * self.ctx.runtime.tail_gpu_share
 
     def _finish(self, job_id: str, gid: str, t: float) -> None:
         job = self.trace[job_id]

@@ -9,12 +9,13 @@ Planning uses worst-case times (every response at max tokens). At runtime:
   a Beta draw) instead of all n lengths, which keeps 300-job traces fast.
 - Training time follows the tokens actually generated: a fixed share (optimizer step, prompt
   tokens, sync) plus a share proportional to the mean response length.
-- Long-tail migration: once the rollout is tail-bound, the tail is consolidated onto a few GPUs
-  and the job's rollout nodes are handed to the next rollout in their queues. In the round-robin
-  replay we express this by ending the rollout's hold on its nodes at `roll_tail_s` and charging
-  the tail before the job's Train; that keeps the job's own iteration exact and is conservative
-  for the group (the training pool waits for the tail). Applied only where another member shares
-  a node (otherwise nobody gains).
+- Long-tail migration (paper §4.3, Fig. 7): once `tail_fraction` of the responses are done, the
+  remaining requests are consolidated onto `tail_gpu_share` of the job's rollout GPUs and its
+  nodes pass to the next rollout in their queues (`intra_group.simulate_round_robin`'s
+  `rollout_release` hook); the job's own Train still starts when its last response ends. The tail
+  keeps running on those few GPUs, so the release is delayed by the GPU-time it still uses
+  (tail seconds x `tail_gpu_share`): a work-conserving charge to the next rollout, which runs on
+  the rest of the node meanwhile. Re-prefilling the moved requests takes seconds and is neglected.
 - Context switches: with warm start a phase on a shared pool first loads the job's state from
   pinned host DRAM (state bytes per node over `gpus_per_node` host-to-GPU links); with
   `--cold-start` it pays the paper's Fig. 4 cold-start time instead.
@@ -50,6 +51,7 @@ class RuntimeConfig:
     warm_start: bool = True  # False: every context switch is a cold start (Fig. 4)
     two_stage_sync: bool = True  # False: flat fan-out weight sync over the cross-cluster link
     tail_fraction: float = 0.8  # share of responses done when a rollout becomes tail-bound
+    tail_gpu_share: float = 0.125  # share of its rollout GPUs the consolidated tail keeps (1 GPU in 8)
     length_median_frac: float = 0.45  # median response length / max tokens
     length_sigma: float = 0.6  # log-normal shape of response lengths
     train_fixed_frac: float = 0.25  # share of worst-case train time independent of response length
@@ -59,7 +61,7 @@ class RuntimeConfig:
     bytes_per_param: int = 2  # BF16 weights
 
     def __post_init__(self) -> None:
-        for name in ("tail_fraction", "length_median_frac", "train_fixed_frac"):
+        for name in ("tail_fraction", "tail_gpu_share", "length_median_frac", "train_fixed_frac"):
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise SpecError(f"runtime.{name}={v!r} is invalid: expected 0 < value <= 1")
@@ -82,6 +84,11 @@ class JobDraws:
     cold_roll_s: float  # cold start of the rollout actors
     cold_train_s: float  # cold start of the training actors
     two_stage_sync_s: float  # the sync share of the worst-case train time
+
+    def release_s(self, it: int, tail_gpu_share: float) -> float:
+        """When iteration `it`'s rollout can hand its nodes on under long-tail migration (s from its start)."""
+        tail = float(self.roll_s[it] - self.roll_tail_s[it])
+        return float(self.roll_tail_s[it]) + tail_gpu_share * tail
 
     @property
     def solo_iteration_s(self) -> float:
