@@ -14,9 +14,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from rollmux.coordinator.service.states import transition as _transition
 from rollmux.errors import RollMuxError
+
+S = TypeVar("S", bound=enum.Enum)
+HISTORY_LIMIT = 16
+"""Transitions kept per record (oldest dropped)."""
 
 # ------------------------------------------------------------------------------------------ errors
 
@@ -37,12 +41,32 @@ class RankLeaseError(SidecarError):
     """A rank call the sidecar refuses: unknown rank id, stale epoch, or a call out of turn."""
 
 
+class IllegalTransitionError(SidecarError):
+    """A state change the lifecycle's transition table does not allow."""
+
+
 class JobAbortedError(SidecarError):
     """The job lost a rank (or its lease) while this rank waited; stop the job."""
 
 
 class PermitWaitTimeoutError(SidecarError, TimeoutError):
     """A permit was not granted within the wait limit; the message names what it waited for."""
+
+
+def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
+    """Move ``record.state`` to `new` through `table`, appending (from, to, time, reason) to its history.
+
+    Raises:
+        IllegalTransitionError: the edge is not in the table; the record is unchanged.
+    """
+    current = record.state
+    if new not in table[current]:
+        allowed = sorted(s.value for s in table[current]) or ["none (terminal)"]
+        raise IllegalTransitionError(f"{record.describe()}: illegal transition {current.value} -> {new.value}; "
+                                     f"allowed from {current.value}: {', '.join(allowed)}")
+    record.state = new
+    record.history.append((current.value, new.value, round(now, 3), reason))
+    del record.history[:-HISTORY_LIMIT]
 
 
 # ------------------------------------------------------------------------------------------ phases

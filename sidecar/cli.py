@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket as _socket
@@ -113,8 +114,6 @@ def run(args: argparse.Namespace) -> int:
     done.wait()
     server.stop(grace=1.0)
     agent.stop()
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
     return 0

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollmux.sidecar.launch import JobKnobs, LaunchError, LocalCluster, Pools, RunningJob, interrupt_safe, read_jsonl
+from rollmux.sidecar.launch import (
+    JobKnobs,
+    LaunchError,
+    LocalCluster,
+    Pools,
+    RunningJob,
+    interrupt_safe,
+    read_jsonl,
+)
 from rollmux.sidecar.report import Summary, gantt, solo_iteration_s, solo_phase_s, summarize
 
 DEMO_JOBS: tuple[JobKnobs, ...] = (

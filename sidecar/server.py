@@ -16,12 +16,13 @@ from typing import Any
 
 import grpc
 
-from rollmux.coordinator.service.api import IllegalTransitionError, ServiceError
+from rollmux.coordinator.service.api import ServiceError
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
 from rollmux.sidecar.api import (
     PHASES,
+    IllegalTransitionError,
     JobAbortedError,
     Lease,
     PermitWaitTimeoutError,

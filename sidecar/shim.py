@@ -286,7 +286,24 @@ def phase(name: str, *, iteration: int | None = None) -> _Phase:
     Raises (opted in only):
         PermitWaitTimeoutError, JobAbortedError, RankLeaseError, SidecarUnreachableError.
     """
+    if _runtime is None and _resolved and name in PHASES:
+        return _NOOP_PHASES[name]  # not opted in: a shared, stateless no-op
     return _Phase(name, iteration)
+
+
+class _NoopPhase(_Phase):
+    """What ``phase()`` returns once the shim knows it is off: enter/exit do nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
+
+
+_NOOP_PHASES = {p: _NoopPhase(p, None) for p in PHASES}
 
 
 def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:

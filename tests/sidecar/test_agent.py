@@ -1,0 +1,115 @@
+"""Rank leases through the real socket service: permit fan-out, release after all local ranks, rank death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+
+from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.model import Pool
+from rollmux.proto import sidecar_v1_pb2 as spb
+from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
+from rollmux.sidecar import env
+
+from .conftest import REPO, register
+
+WAIT_S = 30.0  # generous: CI machines are shared
+
+
+class Rank:
+    """A rank as the shim sees the sidecar: one Attach stream (the lease) plus unary calls."""
+
+    def __init__(self, socket: str, job: str, token: str, rank: int) -> None:
+        self.channel = grpc.insecure_channel(f"unix:{socket}")
+        self.stub = spb_grpc.SidecarStub(self.channel)
+        self.stream = self.stub.Attach(spb.AttachRequest(job=job, job_token=token, rank=rank, pid=os.getpid()))
+        self.rank_id = next(self.stream).attached.rank_id
+
+    def acquire(self, phase: str, iteration: int) -> spb.SidecarLease:
+        return self.stub.Acquire(spb.AcquireRequest(rank_id=self.rank_id, phase=phase, iteration=iteration,
+                                                    timeout_s=WAIT_S), timeout=WAIT_S + 5).lease
+
+    def release(self, epoch: int) -> spb.ReleaseResponse:
+        return self.stub.Release(spb.ReleaseRequest(rank_id=self.rank_id, epoch=epoch, duration_s=0.01),
+                                 timeout=WAIT_S + 5)
+
+
+def holder(coordinator, node: str) -> str:  # type: ignore[no-untyped-def]
+    for n in CoordinatorClient(coordinator.address).cluster_state().nodes:
+        if n.node_id == node:
+            return n.holder.job if n.HasField("holder") else ""
+    raise AssertionError(f"node {node} not registered")
+
+
+def wait_for(pred, what: str, timeout: float = WAIT_S) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_permit_fans_out_to_both_local_ranks_and_node_is_released_after_both(coordinator, make_node) -> None:
+    node = make_node("r0", Pool.ROLLOUT)
+    make_node("t0", Pool.TRAIN)
+    token = register(coordinator, "job-a")
+    a, b = Rank(node.socket, "job-a", token, 0), Rank(node.socket, "job-a", token, 1)
+
+    leases = {}
+    threads = [threading.Thread(target=lambda r=r, k=k: leases.__setitem__(k, r.acquire("rollout", 0)))
+               for k, r in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert leases["a"].epoch == leases["b"].epoch > 0  # one coordinator permit, fanned out
+    assert holder(coordinator, "r0") == "job-a"
+
+    done: dict[str, spb.ReleaseResponse] = {}
+    ta = threading.Thread(target=lambda: done.__setitem__("a", a.release(leases["a"].epoch)))
+    ta.start()
+    time.sleep(0.5)
+    assert "a" not in done, "rank a's release returned before rank b released"
+    assert holder(coordinator, "r0") == "job-a", "node released with a local rank still running"
+
+    done["b"] = b.release(leases["b"].epoch)
+    ta.join(WAIT_S)
+    assert done["a"].node_released != done["b"].node_released  # exactly one rank released the node
+    assert holder(coordinator, "r0") == ""
+    assert {done["a"].next_phase, done["b"].next_phase} >= {"train"}
+
+
+RANK_PROC = r"""
+import sys, time, rollmux
+rollmux.init()
+with rollmux.phase("rollout", iteration=0):
+    print("running", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_killed_rank_frees_the_node(coordinator, make_node) -> None:
+    node = make_node("r0", Pool.ROLLOUT)
+    make_node("t0", Pool.TRAIN)
+    token = register(coordinator, "job-k")
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
+    e.update({"PYTHONPATH": str(REPO), env.SIDECAR_SOCKET: node.socket, env.JOB: "job-k", env.JOB_TOKEN: token})
+    proc = subprocess.Popen([sys.executable, "-c", RANK_PROC], cwd=REPO, env=e, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        assert holder(coordinator, "r0") == "job-k"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(WAIT_S)
+        # freed at once by the sidecar (the lease TTL is 5 s and heartbeats would keep renewing it)
+        wait_for(lambda: holder(coordinator, "r0") == "", "the node to be freed after the rank died", 4.0)
+        assert "rank_dead" in " ".join(node.agent.status()["events"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
