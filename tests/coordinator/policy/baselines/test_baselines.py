@@ -107,3 +107,25 @@ def test_gavel_plus_takes_the_cheapest_per_iteration_allocation_within_the_slo()
     # With no slack, only the job's own disaggregated pools meet the SLO.
     tight = make_job(roll=100, train=100, slo=1.0)
     assert gavel_plus(tight, cluster).label == solo_d_allocation(tight, cluster).label
+
+
+@pytest.mark.parametrize(("roll", "train", "slo", "label"), [
+    (200, 25, 2.0, "colocated 8xH20"),  # (200 + 6.7 x 25) / 225 = 1.63 <= 2: H20-only is cheapest per iteration
+    (150, 37.5, 2.0, "colocated 8xH800"),  # H20 training would be 2.1x solo: over the SLO
+    (100, 100, 1.0, "disagg 8xH20+8xH800"),
+], ids=["rollout-heavy-on-h20", "h20-training-too-slow", "no-slack"])
+def test_gavel_plus_keeps_the_jobs_gpu_counts_and_picks_a_type(roll: float, train: float, slo: float,
+                                                                label: str) -> None:
+    cluster = ClusterSpec()
+    job = make_job(roll=roll, train=train, slo=slo)
+    pick = gavel_plus(job, cluster)
+    assert pick.label == label
+    assert pick.rollout_gpus + pick.train_gpus <= 16 and planned_iteration_s(job, pick) <= slo * (roll + train)
+    if pick.rollout_pool is Pool.ROLLOUT and not pick.crosses_link:  # all on H20: rollout at its own speed
+        assert pick.roll_factor == pytest.approx(1.0) and pick.train_factor == pytest.approx(989.5 / 148)
+
+
+def test_colocated_rollout_does_not_speed_up_beyond_the_jobs_rollout_gpus() -> None:
+    job = make_job(roll=100, train=100)
+    wide = colocated(job, ClusterSpec(), Pool.ROLLOUT, 16)
+    assert wide.roll_factor == pytest.approx(1.0) and wide.train_factor == pytest.approx(989.5 / 148 / 2)
