@@ -132,11 +132,12 @@ def report(a: argparse.Namespace, n_t: int, model_bytes: int, results: list[dict
         f"R={r} N_T={n_t} M={model_bytes / 2**20:.1f} MiB bucket={a.bucket_mb:g} MiB "
         f"B_cross={a.cross_mbit:g} Mbit/s B_intra={a.intra_mbit:g} Mbit/s (bandwidth-only emulation)",
         f"bound two-stage M/B_cross + (R-1)/R*M/B_intra = {bound:.2f} s; star R*M/B_cross = {r * m_bits / bx:.2f} s",
-        f"{'scheme':<10} {'time_s':>8} {'cut/M':>7} {'time/bound':>10} {'bitwise':>8}",
+        f"{'scheme':<10} {'time_s':>8} {'runs (min-max)':>15} {'cut/M':>7} {'time/bound':>10} {'bitwise':>8}",
     ]
     by = {x["scheme"]: x for x in results}
     for x in results:
-        lines.append(f"{x['scheme']:<10} {x['time_s']:8.2f} {x['cut_bytes'] / model_bytes:7.3f} "
+        spread = f"{min(x['times_s']):.2f}-{max(x['times_s']):.2f}"
+        lines.append(f"{x['scheme']:<10} {x['time_s']:8.2f} {spread:>15} {x['cut_bytes'] / model_bytes:7.3f} "
                      f"{x['time_s'] / bound:10.2f} {'ok' if x['bitwise_ok'] else 'WRONG':>8}")  # fmt: skip
     fails = [f"{x['scheme']}: replica not bitwise identical" for x in results if not x["bitwise_ok"]]
     two = by.get("two_stage")

@@ -67,6 +67,7 @@ def exchange_metadata(metadata: Sequence[ParamMeta] | None, topology: SyncTopolo
 
     Digests are all-gathered first; only on a mismatch are the full lists gathered to name the first
     differing parameter. Every rank raises the same error, so no rank is left waiting in a transfer.
+    Under NCCL, call ``torch.cuda.set_device`` first (object collectives go through the current GPU).
 
     Args:
         metadata: this rank's parameter list (full shapes), or None on a rank outside the topology.
