@@ -105,15 +105,20 @@ def plot_gantt(run: PolicyRun, path: Path, group_id: str | None = None) -> Path 
     for i in shown:
         nodes = [str(n) for n in i.nodes] if i.phase is Phase.ROLLOUT else ["train"]
         c = colors(jobs.index(i.job) % 10)
+        head_end = i.end_s if i.released_s is None else i.released_s
         for n in nodes:
             y = rows.index(n)
-            ax.broken_barh([((i.start_s - t0) / 60, (i.end_s - i.start_s) / 60)], (y - 0.38, 0.76),
+            ax.broken_barh([((i.start_s - t0) / 60, (head_end - i.start_s) / 60)], (y - 0.38, 0.76),
                            facecolors=c, edgecolors="black", linewidth=0.4,
                            hatch="//" if i.phase is Phase.TRAIN else None)
+            if head_end < i.end_s:  # long-tail migration: the tail runs on a few GPUs beside the next rollout
+                ax.broken_barh([((head_end - t0) / 60, (i.end_s - head_end) / 60)], (y + 0.22, 0.16),
+                               facecolors=c, edgecolors="black", linewidth=0.3)
     ax.set_yticks(range(len(rows)), [f"rollout node {r}" if r != "train" else "training pool" for r in rows])
     ax.set_xlim(0, (t1 - t0) / 60)
     ax.set_xlabel(f"minutes since t = {t0 / 3600:.1f} h")
-    ax.set_title(f"Group {gid}: round-robin meta-iterations (solid = rollout, hatched = train)")
+    ax.set_title(f"Group {gid}: round-robin meta-iterations (solid = rollout, thin = its migrated tail, "
+                 "hatched = train)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors(k % 10)) for k in range(len(jobs))]
     ax.legend(handles, jobs, ncol=min(6, len(jobs)), fontsize=8, loc="upper right", bbox_to_anchor=(1, -0.25 if len(rows) < 3 else -0.12))
     fig.tight_layout()
