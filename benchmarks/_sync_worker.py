@@ -42,7 +42,7 @@ def wait_for(path: Path, timeout_s: float = 600.0) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    for name in ("rank", "world", "trainers", "model-bytes", "bucket-bytes"):
+    for name in ("rank", "world", "trainers", "model-bytes", "bucket-bytes", "depth"):
         p.add_argument(f"--{name}", type=int, required=True)
     p.add_argument("--master", required=True)
     p.add_argument("--port", type=int, required=True)
@@ -67,14 +67,16 @@ def main() -> None:
     sp.exchange_metadata(meta, topo)
     plan = sp.plan_transfer(topo, meta, bucket_bytes=a.bucket_bytes)
     for k, scheme in enumerate(a.schemes.split(",")):
-        result = run_scheme(sp, dist, torch, model, plan, groups, sp.Scheme(scheme), a.rank, a.dir, k)
+        result = run_scheme(
+            sp, dist, torch, model, plan, groups, sp.Scheme(scheme), a.rank, a.dir, k, a.depth
+        )
         if a.rank == 0:
             (a.dir / f"done_{k}.tmp").write_text(json.dumps(result))
             (a.dir / f"done_{k}.tmp").rename(a.dir / f"done_{k}")
     dist.destroy_process_group()
 
 
-def run_scheme(sp, dist, torch, model, plan, groups, scheme, rank, d: Path, k: int) -> dict:  # noqa: ANN001
+def run_scheme(sp, dist, torch, model, plan, groups, scheme, rank, d: Path, k: int, depth: int) -> dict:  # noqa: ANN001
     """Time one scheme between barriers and check every replica bitwise."""
     rollout = rank in plan.topology.rollout_ranks
     bufs = {n: torch.zeros_like(t) for n, t in model.items()} if rollout else None
@@ -85,9 +87,9 @@ def run_scheme(sp, dist, torch, model, plan, groups, scheme, rank, d: Path, k: i
     dist.barrier()
     t0 = time.perf_counter()
     if rollout:
-        sp.receive(bufs, plan, groups, scheme=scheme)
+        sp.receive(bufs, plan, groups, scheme=scheme, depth=depth)
     else:
-        sp.send(model, plan, groups, scheme=scheme)
+        sp.send(model, plan, groups, scheme=scheme, depth=depth)
     dist.barrier()
     elapsed = time.perf_counter() - t0
     ok = not rollout or all(

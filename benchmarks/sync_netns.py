@@ -45,6 +45,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trainers", type=int, default=None, help="N_T, trainer ranks (default R)")
     p.add_argument("--model-mb", type=float, default=64.0, help="model size in MiB (default 64)")
     p.add_argument("--bucket-mb", type=float, default=8.0, help="bucket size in MiB (default 8)")
+    p.add_argument("--depth", type=int, default=3, help="buckets in flight per rank (default 3)")
     p.add_argument("--cross-mbit", type=float, default=100.0, help="cross-cluster link, Mbit/s each way")
     p.add_argument("--intra-mbit", type=float, default=2000.0, help="per-rank intra-cluster link, Mbit/s")
     p.add_argument(
@@ -82,7 +83,7 @@ class Run:
         for rank in range(world):
             cmd = ["ip", "netns", "exec", self.bed.rank_ns(rank), sys.executable, str(WORKER),
                    "--rank", str(rank), "--world", str(world), "--trainers", str(self.n_t),
-                   "--model-bytes", str(model_bytes), "--bucket-bytes", str(int(self.a.bucket_mb * 2**20)),
+                   "--model-bytes", str(model_bytes), "--bucket-bytes", str(int(self.a.bucket_mb * 2**20)), "--depth", str(self.a.depth),
                    "--master", Testbed.addr(0), "--port", str(PORT), "--schemes", ",".join(schemes),
                    "--dir", str(self.dir)]  # fmt: skip
             log = open(self.dir / f"rank{rank}.log", "w")  # noqa: SIM115 (closed with the process)
