@@ -64,8 +64,8 @@ def send(
     """
     tensors = _tensors(params)
     check_buffers(plan.metadata, tensors, "send")
-    trainer = _index(plan.topology.trainer_ranks, "trainer")
     views = [byte_view(t) for t in tensors]
+    trainer = _index(plan.topology.trainer_ranks, "trainer")
     if scheme is Scheme.TWO_STAGE:
         stream = LocalStream(owned_parts(views, plan.ownership[trainer]))
         two_stage.send_stream(stream, plan, trainer, device_of(views, groups.backend), depth)
@@ -124,8 +124,8 @@ def receive(
     """
     tensors = _tensors(param_buffers)
     check_buffers(plan.metadata, tensors, "receive")
-    rollout = _index(plan.topology.rollout_ranks, "rollout")
     views = [byte_view(t, writable=True) for t in tensors]
+    rollout = _index(plan.topology.rollout_ranks, "rollout")
     if scheme is Scheme.TWO_STAGE:
         two_stage.receive_into(views, plan, groups, rollout, depth)
     else:
