@@ -14,7 +14,6 @@ import grpc
 
 from rollmux.errors import RollMuxError
 
-
 # ----------------------------------------------------------------------------------------------
 # Lifecycles (transition tables live in `states.py`)
 # ----------------------------------------------------------------------------------------------
@@ -54,8 +53,10 @@ class PermitState(str, Enum):
 class NodeState(str, Enum):
     """Lifecycle of a registered node.
 
-    READY: usable. LOST: its sidecar's stream closed; no new permit is granted on it until the
-    sidecar reconnects (running leases are left to their TTL). DRAINING: an operator asked to drain
+    READY: usable. LOST: its sidecar's stream closed, or stayed open without a heartbeat for
+    `ServiceConfig.heartbeat_lapse_s`; no new permit is granted on it until the sidecar reconnects
+    or its heartbeats resume (running leases are left to their TTL: without heartbeats nobody
+    renews them, so they expire and are revoked as usual). DRAINING: an operator asked to drain
     it: the running permit finishes, nothing new starts and no new job is placed on it. DRAINED:
     draining and idle.
     """
@@ -88,6 +89,7 @@ class ServiceConfig:
     migration_threshold: float = 0.8  # rollout progress (finished/total) at which it is tail-bound
     estimate_alpha: float = 0.5  # weight of the newest measured duration in the moving average
     heartbeat_interval_s: float = 2.0  # how often sidecars should send heartbeats
+    heartbeat_lapse_intervals: int = 3  # a connected node silent this many intervals turns LOST
     reap_interval_s: float = 0.05  # how often expired leases are looked for
     max_name_len: int = 128  # longest job or node name accepted
     max_nvml_entries: int = 64  # most NVML facts one node may report
@@ -97,10 +99,19 @@ class ServiceConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"{name}={v!r} is invalid: expected a positive number of seconds")
+        if not (isinstance(self.heartbeat_lapse_intervals, int) and self.heartbeat_lapse_intervals >= 1):
+            raise ValueError(f"heartbeat_lapse_intervals={self.heartbeat_lapse_intervals!r} is invalid: "
+                             "expected a whole number >= 1")
         if not 0.0 < self.migration_threshold <= 1.0:
             raise ValueError(f"migration_threshold={self.migration_threshold!r} is invalid: expected (0, 1]")
         if not 0.0 < self.estimate_alpha <= 1.0:
             raise ValueError(f"estimate_alpha={self.estimate_alpha!r} is invalid: expected (0, 1]")
+
+
+    @property
+    def heartbeat_lapse_s(self) -> float:
+        """Silence after which a node whose stream is still open is declared LOST."""
+        return self.heartbeat_lapse_intervals * self.heartbeat_interval_s
 
 
 # ----------------------------------------------------------------------------------------------

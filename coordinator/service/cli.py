@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -84,8 +85,6 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
         await serve(opts, started)
 
-    try:
+    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
         asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        pass
     return 0

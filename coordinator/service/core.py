@@ -58,6 +58,9 @@ class Coordinator:
         self.leader_ttl_s = leader_ttl_s
         self.metrics = metrics or create_metrics()
         self.clock = clock
+        self._commits_ok = self.metrics.store_commits.labels(outcome="ok")
+        granted = self.metrics.permits_granted
+        self._granted = {True: granted.labels(pool="rollout"), False: granted.labels(pool="train")}
         self.rt = Runtime(self.cluster, self.config, clock=clock, wall=time.time)
         self.fence = 0
         self.ready = False
@@ -68,6 +71,9 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._recovering: asyncio.Task[None] | None = None
         self._free_since: dict[str, float] = {}
+        self._applied = 0  # transitions with writes applied in memory (in commit order)
+        self._durable = 0  # the last of them known to be in the store
+        self._grant_seq: dict[str, int] = {}  # job -> the transition that granted its current permit
         self.on_ready_change: Callable[[bool], None] = lambda ready: None
 
     # ------------------------------------------------------------------------------------------
@@ -132,6 +138,7 @@ class Coordinator:
                         if node_id in rt.nodes:
                             rt.node_connected(node_id)
                     self.rt = rt
+                    self._grant_seq.clear()  # every lease just loaded is in the store
                     self.committer.reset()
                     self.committer.start()
                     writes, notices = rt.take_changes()
@@ -164,12 +171,24 @@ class Coordinator:
                 self._begin_recovery(f"state store unavailable: {exc}")
 
     async def _reaper(self) -> None:
+        """Expire leases and lapsed heartbeats when due.
+
+        Deadlines only move later (renewals, heartbeats) and a new one is never earlier than now plus
+        the runtime's horizon, so the earliest deadline found by one scan is a safe time for the next
+        scan: the state is not rescanned on every tick (it is O(jobs + nodes)).
+        """
+        check_at = 0.0
         while True:
             await asyncio.sleep(self.config.reap_interval_s)
             if not self.ready:
+                check_at = 0.0
                 continue
-            nxt = self.rt.next_expiry()
-            if nxt is None or nxt > self.clock():
+            now = self.clock()
+            if now < check_at:
+                continue
+            nxt = self.rt.next_deadline()
+            if nxt is None or nxt > now:
+                check_at = now + self.rt.deadline_horizon_s if nxt is None else nxt
                 continue
             try:
                 expired = await self.mutate(lambda rt: rt.expire())
@@ -228,14 +247,28 @@ class Coordinator:
             raise
         writes, notices = rt.take_changes()
         if writes:
+            self._applied += 1
+            seq = self._applied
+            for n in notices:
+                if n.kind is NoticeKind.GRANTED:
+                    self._grant_seq[n.job] = seq
             await self.committer.commit(writes)
-            self.metrics.store_commits.labels(outcome="ok").inc()
+            self._durable = max(self._durable, seq)
+            self._commits_ok.inc()
         self._deliver(notices)
         return result
 
     async def barrier(self) -> None:
         """Wait until every transition applied so far is durable."""
         await self.committer.commit({})
+
+    async def grant_durable(self, job: str) -> None:
+        """Wait until the transition that granted `job`'s current permit is in the store.
+
+        Cheaper than `barrier` under load: a grant committed long ago needs no wait at all.
+        """
+        if self._grant_seq.get(job, 0) > self._durable:
+            await self.barrier()
 
     # ------------------------------------------------------------------------------------------
     # notification
@@ -256,8 +289,7 @@ class Coordinator:
             if n.kind is NoticeKind.GRANTED:
                 permit = self.rt.permits.get(n.job)
                 if permit is not None and permit.state is PermitState.GRANTED:
-                    pool = "rollout" if permit.phase is Phase.ROLLOUT else "train"
-                    self.metrics.permits_granted.labels(pool=pool).inc()
+                    self._granted[permit.phase is Phase.ROLLOUT].inc()
                     self.metrics.grant_latency.observe(max(0.0, self.clock() - permit.grantable_at))
             if n.kind is NoticeKind.REVOKED and n.reason != "lease expired":
                 self.metrics.permits_revoked.labels(reason="removed").inc()

@@ -69,6 +69,7 @@ class NodeRecord:
     state: NodeState = NodeState.READY
     streams: bool = False  # has had a sidecar stream: liveness then gates grants on it
     history: list = field(default_factory=list)
+    heard_at: float = 0.0  # not stored: monotonic time of the last heartbeat (or stream open)
 
     def describe(self) -> str:
         return f"node {self.node_id}"

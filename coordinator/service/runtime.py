@@ -190,6 +190,7 @@ class Runtime:
     def node_connected(self, node_id: str) -> None:
         node = self.node(node_id)
         self.connected.add(node_id)
+        node.heard_at = self.clock()
         if not node.streams:
             node.streams = True
             self._touch(f"node/{node_id}", node)
@@ -207,8 +208,17 @@ class Runtime:
             self._touch(f"node/{node_id}", node)
 
     def heartbeat(self, node_id: str, active_epochs: Iterable[int]) -> None:
-        """A sidecar heartbeat renews the lease holding its node if the node runs that epoch."""
-        self.node(node_id)
+        """A sidecar heartbeat renews the lease holding its node if the node runs that epoch.
+
+        A node that went LOST because its heartbeats lapsed (stream still open) is READY again.
+        """
+        node = self.node(node_id)
+        node.heard_at = self.clock()
+        if node.state is NodeState.LOST and node_id in self.connected:
+            transition(node, NODE_TRANSITIONS, NodeState.READY, now=self.wall(), reason="heartbeats resumed")
+            self._touch(f"node/{node_id}", node)
+            self._notify(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+            self._pump([node_id])
         job = self.holder.get(node_id)
         if job is not None:
             permit = self.permits[job]
@@ -483,6 +493,20 @@ class Runtime:
         self._pump(list(freed) + list(self.phase_nodes(job, phase)))
         return ReleaseResult(next_phase=phase, next_iteration=it, already_released=False)
 
+    def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
+        """Release the phase held with `epoch` and ask for the next one, as one transition.
+
+        Returns:
+            The release result and the next phase's permit (GRANTED when its nodes were free).
+
+        Raises:
+            StaleEpochError: as `release`; nothing changed.
+        """
+        res = self.release(name, epoch, duration_s)
+        permit = self.acquire(name, res.next_phase, res.next_iteration)
+        assert permit is not None  # an admitted job (it held a lease) always has a permit
+        return res, permit
+
     def report_progress(self, name: str, epoch: int, finished: int, total: int) -> MigrationDecision | None:
         """Record rollout progress; once tail-bound, consolidate onto a few nodes (long-tail migration)."""
         if total <= 0 or finished < 0 or finished > total:
@@ -512,9 +536,29 @@ class Runtime:
         self._pump(release)
         return decision
 
+    def heartbeat_changes_state(self, node_id: str) -> bool:
+        """Whether a heartbeat from `node_id` would change stored state (its node is LOST)."""
+        node = self.nodes.get(node_id)
+        return node is not None and node.state is NodeState.LOST
+
+    def _lapsed_nodes(self, now: float) -> list[NodeRecord]:
+        lapse = self.config.heartbeat_lapse_s
+        return [node for n in self.connected if (node := self.nodes.get(n)) is not None
+                and node.state is NodeState.READY and node.heard_at + lapse <= now]
+
     def expire(self) -> list[str]:
-        """Revoke every lease past its TTL; returns the jobs whose lease expired."""
+        """Turn silent nodes LOST and revoke every lease past its TTL; returns the jobs whose lease expired.
+
+        A node whose stream is open but whose heartbeats lapsed (`ServiceConfig.heartbeat_lapse_s`)
+        turns LOST: nothing new is granted on it; its running lease, no longer renewed, expires here
+        after its TTL like any other.
+        """
         now = self.clock()
+        for node in self._lapsed_nodes(now):
+            transition(node, NODE_TRANSITIONS, NodeState.LOST, now=self.wall(),
+                       reason=f"no heartbeat for {self.config.heartbeat_lapse_s:g}s (stream still open)")
+            self._touch(f"node/{node.node_id}", node)
+            self._notify(Notice(kind=NoticeKind.NODE, nodes=(node.node_id,)))
         expired = [p for p in self.permits.values() if p.state is PermitState.GRANTED and p.expires_at <= now]
         freed: list[str] = []
         for permit in expired:
@@ -534,6 +578,19 @@ class Runtime:
     def next_expiry(self) -> float | None:
         deadlines = [p.expires_at for p in self.permits.values() if p.state is PermitState.GRANTED]
         return min(deadlines, default=None)
+
+    def next_deadline(self) -> float | None:
+        """The earliest lease expiry or heartbeat lapse (when `expire` would change something)."""
+        lapse = self.config.heartbeat_lapse_s
+        silent = [node.heard_at + lapse for n in self.connected if (node := self.nodes.get(n)) is not None
+                  and node.state is NodeState.READY]
+        leases = self.next_expiry()
+        return min([*silent, *([] if leases is None else [leases])], default=None)
+
+    @property
+    def deadline_horizon_s(self) -> float:
+        """Every deadline set from now on lies at least this far ahead (TTLs and lapses are constant)."""
+        return min(self.config.lease_ttl_s, self.config.heartbeat_lapse_s)
 
     def wait_reason(self, name: str) -> str:
         """Why a job's permit is not granted yet, naming the blocker."""

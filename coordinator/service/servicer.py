@@ -8,6 +8,7 @@ INVALID_ARGUMENT before anything changes), checks the caller's token, runs one t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -26,9 +27,10 @@ from rollmux.coordinator.service.api import (
 )
 from rollmux.coordinator.service.auth import Authenticator, bearer, new_token, sha256_hex
 from rollmux.coordinator.service.core import Coordinator
+from rollmux.coordinator.service.records import PermitRecord
 from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
 from rollmux.errors import SpecError
-from rollmux.model import JobSpec, Node
+from rollmux.model import JobSpec, Node, Phase
 from rollmux.proto import convert
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
@@ -68,6 +70,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.core = core
         self.auth = auth
         self.resolve = resolve
+        released = core.metrics.permits_released
+        self._pools = {True: released.labels(pool="rollout"), False: released.labels(pool="train")}
 
     # ------------------------------------------------------------------------------------------
     # validation helpers
@@ -132,10 +136,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return
         outbox = self.core.open_stream(node_id)
         reader = asyncio.get_running_loop().create_task(self._read_heartbeats(node_id, request_iterator, outbox))
-        try:
+        with contextlib.suppress(ServiceError):  # not ready: the reload reconnects open streams
             await self.core.mutate(lambda rt: rt.node_connected(node_id))
-        except ServiceError:
-            pass  # not ready: the reload reconnects open streams
         try:
             while True:
                 notice = await outbox.get()
@@ -147,17 +149,21 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         finally:
             reader.cancel()
             if self.core.close_stream(node_id, outbox) and self.core.ready:
-                try:
+                with contextlib.suppress(ServiceError):
                     await self.core.mutate(lambda rt: rt.node_disconnected(node_id))
-                except ServiceError:
-                    pass
 
     async def _read_heartbeats(self, node_id: str, requests: AsyncIterator[pb.NodeUp],
                                outbox: asyncio.Queue[Notice | None]) -> None:
         try:
             async for msg in requests:
-                if msg.HasField("heartbeat") and self.core.ready and node_id in self.core.rt.nodes:
-                    self.core.rt.heartbeat(node_id, msg.heartbeat.active_epochs)
+                if not (msg.HasField("heartbeat") and self.core.ready and node_id in self.core.rt.nodes):
+                    continue
+                epochs = tuple(msg.heartbeat.active_epochs)
+                if self.core.rt.heartbeat_changes_state(node_id):  # LOST -> READY is stored: a transition
+                    with contextlib.suppress(ServiceError):
+                        await self.core.mutate(lambda rt, e=epochs: rt.heartbeat(node_id, e))
+                else:  # renewals and the last-heard time live in memory only
+                    self.core.rt.heartbeat(node_id, epochs)
         except (asyncio.CancelledError, grpc.RpcError):
             pass
         finally:
@@ -218,28 +224,35 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         name = self._job(context, request.job)
         return job_status(self.core.rt, name)
 
-    @_rpc
-    async def AcquirePermit(self, request: pb.AcquirePermitRequest, context: grpc.aio.ServicerContext) -> Any:
-        name = self._job(context, request.job)
-        phase = convert.phase_from_pb(request.phase)
-        if request.iteration < 0:
-            raise InvalidArgumentError(f"iteration={request.iteration} is invalid: expected >= 0")
-        if not math.isfinite(request.timeout_s) or request.timeout_s < 0:
-            raise InvalidArgumentError(f"timeout_s={request.timeout_s} is invalid: expected a finite number >= 0")
-        core = self.core
-        wait_s = min(request.timeout_s, core.config.max_wait_s)
+    def _wait_budget(self, timeout_s: float, context: grpc.aio.ServicerContext) -> float:
+        """The server-side wait a call may make: its ask, the server maximum and the RPC deadline."""
+        if not math.isfinite(timeout_s) or timeout_s < 0:
+            raise InvalidArgumentError(f"timeout_s={timeout_s} is invalid: expected a finite number >= 0")
+        wait_s = min(timeout_s, self.core.config.max_wait_s)
         remaining_rpc = context.time_remaining()
         if remaining_rpc is not None:
             wait_s = min(wait_s, max(0.0, remaining_rpc - 0.05))
-        start = core.clock()
+        return wait_s
+
+    async def _await_grant(self, name: str, phase: Phase, iteration: int, wait_s: float, start: float,
+                           permit: PermitRecord | None = None, *, asked: bool = False) -> pb.AcquirePermitResponse:
+        """Ask for `phase` of `iteration` until granted (durably), the wait ends or the job goes.
+
+        Args:
+            permit / asked: the answer of an ask the caller already made in its own transition.
+        """
+        core = self.core
         deadline = start + wait_s
         while True:
-            if name not in core.rt.jobs:
-                return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_JOB_REMOVED, waited_s=core.clock() - start,
-                                                reason=f"job {name!r} was removed while waiting")
-            permit = await core.mutate(lambda rt: rt.acquire(name, phase, request.iteration))
+            if not asked:
+                if name not in core.rt.jobs:
+                    return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_JOB_REMOVED,
+                                                    waited_s=core.clock() - start,
+                                                    reason=f"job {name!r} was removed while waiting")
+                permit = await core.mutate(lambda rt: rt.acquire(name, phase, iteration))
+            asked = False
             if permit is not None and permit.state is PermitState.GRANTED:
-                await core.barrier()  # only hand out a grant the store holds
+                await core.grant_durable(name)  # only hand out a grant the store holds
                 return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_GRANTED, waited_s=core.clock() - start,
                                                 lease=convert.lease_to_pb(permit, core.config.lease_ttl_s))
             remaining = deadline - core.clock()
@@ -247,10 +260,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_TIMEOUT, waited_s=core.clock() - start,
                                                 reason=f"waited {wait_s:.3g}s: {core.rt.wait_reason(name)}")
             event = core.job_event(name)
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
-                pass
+
+    @_rpc
+    async def AcquirePermit(self, request: pb.AcquirePermitRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        phase = convert.phase_from_pb(request.phase)
+        if request.iteration < 0:
+            raise InvalidArgumentError(f"iteration={request.iteration} is invalid: expected >= 0")
+        wait_s = self._wait_budget(request.timeout_s, context)
+        return await self._await_grant(name, phase, request.iteration, wait_s, self.core.clock())
 
     @_rpc
     async def RenewPermit(self, request: pb.RenewPermitRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -266,14 +286,34 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if not math.isfinite(request.duration_s) or request.duration_s < 0:
             raise InvalidArgumentError(f"duration_s={request.duration_s} is invalid: expected a finite number >= 0")
         permit = self.core.rt.permits.get(name)
-        pool = "rollout" if permit is not None and permit.phase.value == "rollout" else "train"
+        pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
         res = await self.core.mutate(lambda rt: rt.release(name, epoch, request.duration_s))
         if res.already_released:
             await self.core.barrier()
         else:
-            self.core.metrics.permits_released.labels(pool=pool).inc()
+            pool.inc()
         return pb.ReleasePermitResponse(next_phase=convert.PHASE_TO_PB[res.next_phase],
                                         next_iteration=res.next_iteration, already_released=res.already_released)
+
+    @_rpc
+    async def AdvancePermit(self, request: pb.AdvancePermitRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        epoch = self._epoch(request.epoch)
+        if not math.isfinite(request.duration_s) or request.duration_s < 0:
+            raise InvalidArgumentError(f"duration_s={request.duration_s} is invalid: expected a finite number >= 0")
+        wait_s = self._wait_budget(request.timeout_s, context)
+        core = self.core
+        start = core.clock()
+        permit = core.rt.permits.get(name)
+        pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
+        res, nxt = await core.mutate(lambda rt: rt.advance(name, epoch, request.duration_s))
+        if not res.already_released:
+            pool.inc()
+        released = pb.ReleasePermitResponse(next_phase=convert.PHASE_TO_PB[res.next_phase],
+                                            next_iteration=res.next_iteration,
+                                            already_released=res.already_released)
+        nxt_msg = await self._await_grant(name, res.next_phase, res.next_iteration, wait_s, start, nxt, asked=True)
+        return pb.AdvancePermitResponse(released=released, next=nxt_msg)
 
     @_rpc
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: grpc.aio.ServicerContext) -> Any:

@@ -53,11 +53,11 @@ PERMIT_PARKED: frozenset[PermitState] = frozenset({PermitState.EXPIRED, PermitSt
 
 NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     NodeState.READY: frozenset({
-        NodeState.LOST,  # the sidecar's stream closed
+        NodeState.LOST,  # the sidecar's stream closed, or its heartbeats lapsed
         NodeState.DRAINING,  # operator drain
     }),
     NodeState.LOST: frozenset({
-        NodeState.READY,  # the sidecar reconnected
+        NodeState.READY,  # the sidecar reconnected, or its heartbeats resumed
         NodeState.DRAINING,  # operator drain
     }),
     NodeState.DRAINING: frozenset({

@@ -290,6 +290,26 @@ class ReleasePermitResponse(_message.Message):
     already_released: bool
     def __init__(self, next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., already_released: _Optional[bool] = ...) -> None: ...
 
+class AdvancePermitRequest(_message.Message):
+    __slots__ = ("job", "epoch", "duration_s", "timeout_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    epoch: int
+    duration_s: float
+    timeout_s: float
+    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class AdvancePermitResponse(_message.Message):
+    __slots__ = ("released", "next")
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    released: ReleasePermitResponse
+    next: AcquirePermitResponse
+    def __init__(self, released: _Optional[_Union[ReleasePermitResponse, _Mapping]] = ..., next: _Optional[_Union[AcquirePermitResponse, _Mapping]] = ...) -> None: ...
+
 class ReportProgressRequest(_message.Message):
     __slots__ = ("job", "epoch", "finished", "total")
     JOB_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,11 @@ class CoordinatorStub:
                 request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReleasePermitRequest.SerializeToString,
                 response_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReleasePermitResponse.FromString,
                 _registered_method=True)
+        self.AdvancePermit = channel.unary_unary(
+                '/rollmux.v1.Coordinator/AdvancePermit',
+                request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AdvancePermitRequest.SerializeToString,
+                response_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AdvancePermitResponse.FromString,
+                _registered_method=True)
         self.ReportProgress = channel.unary_unary(
                 '/rollmux.v1.Coordinator/ReportProgress',
                 request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReportProgressRequest.SerializeToString,
@@ -141,6 +146,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdvancePermit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportProgress(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -208,6 +219,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReleasePermit,
                     request_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReleasePermitRequest.FromString,
                     response_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReleasePermitResponse.SerializeToString,
+            ),
+            'AdvancePermit': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdvancePermit,
+                    request_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AdvancePermitRequest.FromString,
+                    response_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AdvancePermitResponse.SerializeToString,
             ),
             'ReportProgress': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportProgress,
@@ -424,6 +440,33 @@ class Coordinator:
             '/rollmux.v1.Coordinator/ReleasePermit',
             rollmux_dot_proto_dot_rollmux__v1__pb2.ReleasePermitRequest.SerializeToString,
             rollmux_dot_proto_dot_rollmux__v1__pb2.ReleasePermitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdvancePermit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmux.v1.Coordinator/AdvancePermit',
+            rollmux_dot_proto_dot_rollmux__v1__pb2.AdvancePermitRequest.SerializeToString,
+            rollmux_dot_proto_dot_rollmux__v1__pb2.AdvancePermitResponse.FromString,
             options,
             channel_credentials,
             insecure,
