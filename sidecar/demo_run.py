@@ -10,6 +10,7 @@ draw the Gantt chart of the interleaved phases.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,8 @@ def run_demo(cfg: DemoConfig) -> Summary:
         "solo_iters_per_s_per_core": summary.solo_per_core, "mux_iters_per_s_per_core": summary.mux_per_core,
         "throughput_per_core_ratio": summary.ratio, "busy_fraction": summary.busy,
         "bubble_fraction": {p: 1 - b for p, b in summary.busy.items()}, "steady_window_s": summary.window_s,
-        "overlapping_phases": summary.overlaps, "order_violations": summary.order_problems,
+        "cpu_share_of_phase_bodies": summary.cpu_share,
+        "loadavg": os.getloadavg(), "overlapping_phases": summary.overlaps, "order_violations": summary.order_problems,
         "iterations_multiplexed": iterations, "wall_s": time.monotonic() - started}, indent=2))
     console.print(summary_table(summary))
     console.print(f"Gantt chart: {png}   summary: {cfg.out / 'summary.json'}   total wall time "

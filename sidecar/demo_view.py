@@ -55,5 +55,6 @@ def summary_table(s: Summary) -> Table:
     t.add_row("throughput per core", f"{s.solo_per_core:.3f} it/s", f"{s.mux_per_core:.3f} it/s", f"{s.ratio:.2f}x")
     t.add_row("bubble, rollout core", "", f"{1 - s.busy['rollout']:.0%}", "")
     t.add_row("bubble, train core", "", f"{1 - s.busy['train']:.0%}", "")
+    t.add_row("CPU share of phase bodies", "", f"{s.cpu_share:.0%}", "")
     t.add_row("overlapping phases / order violations", "", f"{s.overlaps} / {s.order_problems}", "")
     return t

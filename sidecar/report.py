@@ -29,12 +29,16 @@ class Span:
     epoch: int
     start: float  # wall s, permit in hand (state reload begins)
     end: float  # wall s, state offloaded (release follows)
+    body_wall_s: float = 0.0  # wall time of the phase body
+    body_cpu_s: float = 0.0  # CPU time the rank's process got during the body
 
 
 def spans(records: Iterable[dict[str, Any]]) -> list[Span]:
     """Owned phases, sorted by start."""
     out = [Span(node=r["node"], pool=r["pool"], job=r["job"], phase=r["phase"], iteration=int(r["iteration"]),
-                epoch=int(r["epoch"]), start=float(r["t_start"]), end=float(r["t_end"]))
+                epoch=int(r["epoch"]), start=float(r["t_start"]), end=float(r["t_end"]),
+                body_wall_s=float(r.get("t_body_end", r["t_end"])) - float(r["t_start"]),
+                body_cpu_s=float(r.get("body_cpu_s", 0.0)))
            for r in records if r.get("owner")]
     return sorted(out, key=lambda s: s.start)
 
@@ -124,6 +128,7 @@ class Summary:
     busy: dict[str, float]  # pool -> busy fraction in the window
     overlaps: int  # must be 0
     order_problems: int  # must be 0
+    cpu_share: float  # CPU time / wall time of phase bodies in the window (1.0 = each phase had its core)
 
     @property
     def slowdown(self) -> dict[str, float]:
@@ -153,7 +158,15 @@ def summarize(solo_s: dict[str, float], records: Iterable[dict[str, Any]]) -> Su
         mux[job] = t if t is not None else float("nan")
     return Summary(solo_s=dict(solo_s), mux_s=mux, window_s=win[1] - win[0],
                    busy={p: busy_fraction(sp, p, win) for p in ("rollout", "train")},
-                   overlaps=len(overlaps(sp)), order_problems=len(order_violations(sp)))
+                   overlaps=len(overlaps(sp)), order_problems=len(order_violations(sp)),
+                   cpu_share=cpu_share(sp, win))
+
+
+def cpu_share(all_spans: Sequence[Span], window: tuple[float, float]) -> float:
+    """How much of its core a phase body really got (below 1: other processes ran on that core)."""
+    inside = [s for s in all_spans if window[0] <= s.start <= window[1] and s.body_wall_s > 0]
+    wall = sum(s.body_wall_s for s in inside)
+    return sum(s.body_cpu_s for s in inside) / wall if wall > 0 else float("nan")
 
 
 def gantt(records: Iterable[dict[str, Any]], path: Path, *, title: str, zoom_s: float = 8.0) -> Path:

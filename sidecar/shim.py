@@ -70,6 +70,7 @@ class PhaseContext:
     lease: Lease | None  # the permit (None for a follower)
     t_request: float  # wall time the rank asked for the permit
     t_start: float = 0.0  # wall time the phase body started (after the state reload)
+    cpu_start: float = 0.0  # process CPU time at the start (phase CPU vs wall shows core contention)
     reload_s: float = 0.0  # time spent reloading registered state
 
 
@@ -326,6 +327,7 @@ def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
     if rt.cache is not None:
         rt.cache.reload()
     ctx.t_start = time.time()
+    ctx.cpu_start = time.process_time()
     ctx.reload_s = ctx.t_start - t0
     rt.current = ctx
     return ctx
@@ -336,6 +338,7 @@ def _exit(rt: _Runtime, ctx: PhaseContext) -> None:
 
     rt.current = None
     t_body = time.time()
+    cpu_s = time.process_time() - ctx.cpu_start
     host_bytes = 0
     if rt.cache is not None:
         rt.cache.offload()
@@ -350,7 +353,7 @@ def _exit(rt: _Runtime, ctx: PhaseContext) -> None:
         rec = {"job": rt.job, "rank": rt.rank, "node": rt.node_id, "pool": rt.pool, "phase": ctx.phase,
                "iteration": ctx.iteration, "owner": ctx.owner, "epoch": ctx.lease.epoch if ctx.lease else 0,
                "t_request": round(ctx.t_request, 6), "t_start": round(ctx.t_start - ctx.reload_s, 6),
-               "t_body_end": round(t_body, 6), "t_end": round(t_end, 6), "t_released": round(time.time(), 6)}
+               "t_body_end": round(t_body, 6), "body_cpu_s": round(cpu_s, 6), "t_end": round(t_end, 6), "t_released": round(time.time(), 6)}
         fd = os.open(rt.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (json.dumps(rec) + "\n").encode())
