@@ -263,6 +263,25 @@ class JobClient:
                                                                    duration_s=duration_s))
         return convert.PHASE_FROM_PB[resp.next_phase], resp.next_iteration
 
+    def advance(self, permit: Permit, duration_s: float, *, timeout_s: float = 300.0) -> Permit:
+        """End the phase and block until the job's next phase is granted: `release` then `acquire`
+        in one round trip and one durable commit. Safe to retry (a repeated release is recognised).
+
+        Raises:
+            StaleEpochError: `permit` no longer holds the lease (nothing was released).
+            PermitTimeoutError / JobRemovedError: as `acquire`, for the next phase.
+        """
+        wait = min(timeout_s, 60.0)
+        req = pb.AdvancePermitRequest(job=self.name, epoch=permit.epoch, duration_s=duration_s, timeout_s=wait)
+        resp = self._call("AdvancePermit", req, timeout_s=wait + 5.0)
+        nxt = resp.next
+        if nxt.outcome == pb.WAIT_OUTCOME_GRANTED:
+            return _permit(nxt.lease)
+        if nxt.outcome == pb.WAIT_OUTCOME_JOB_REMOVED:
+            raise JobRemovedError(nxt.reason)
+        phase = convert.PHASE_FROM_PB[resp.released.next_phase]
+        return self.acquire(phase, resp.released.next_iteration, timeout_s=max(0.0, timeout_s - wait))
+
     def report_progress(self, permit: Permit, finished: int, total: int) -> MigrationDirective | None:
         """Report rollout progress (also renews); returns a migration directive once tail-bound."""
         resp = self._call("ReportProgress", pb.ReportProgressRequest(job=self.name, epoch=permit.epoch,

@@ -218,3 +218,47 @@ def test_random_traces_keep_mutual_exclusion_and_on_policy_order(seed: int) -> N
         expected = [(ph, i) for i in range(len(phases)) for ph in ("rollout", "train", "sync")][:len(phases)]
         assert phases == expected, n
     assert sum(len(v) for v in done.values()) > 100
+
+
+def test_advance_releases_and_grants_the_next_phase_in_one_transition() -> None:
+    rt, _ = make_runtime()
+    register(rt, "a", slo=1.0)
+    p = grant(rt, "a")
+    rt.take_changes()
+    res, nxt = rt.advance("a", p.epoch, 1.0)
+    assert (res.next_phase, res.next_iteration) == (Phase.TRAIN, 0) and not res.already_released
+    assert nxt.state is PermitState.GRANTED and nxt.phase is Phase.TRAIN and nxt.epoch > p.epoch
+    writes, _ = rt.take_changes()
+    assert "permit/a" in writes  # one batch holds the release and the grant
+    with pytest.raises(StaleEpochError):
+        rt.advance("a", p.epoch + 100, 1.0)
+    assert rt.take_changes() == ({}, [])
+    res2, again = rt.advance("a", p.epoch, 1.0)  # a retried advance of the same epoch
+    assert res2.already_released and again.epoch == nxt.epoch
+    rt.check_invariants()
+
+
+def test_open_but_silent_node_turns_lost_and_its_lease_expires() -> None:
+    rt, clock = make_runtime(ttl=10.0)
+    lapse = rt.config.heartbeat_lapse_s
+    register(rt, "a", slo=1.0)
+    node = rt.jobs["a"].rollout_nodes[0]
+    rt.node_connected(node)
+    p = grant(rt, "a")
+    clock.advance(lapse / 2)
+    rt.heartbeat(node, [p.epoch])
+    assert rt.next_deadline() == clock.now + lapse
+    clock.advance(lapse - 0.01)
+    rt.expire()
+    assert rt.nodes[node].state is NodeState.READY  # heard recently enough
+    clock.advance(0.02)
+    assert rt.expire() == []  # the node is silent but the lease still has time
+    assert rt.nodes[node].state is NodeState.LOST and node in rt.connected
+    assert "no heartbeat" in rt.nodes[node].history[-1][3]
+    clock.advance(10.0)
+    assert rt.expire() == ["a"]  # nobody renewed it: revoked after its TTL as usual
+    assert node not in rt.holder
+    assert rt.heartbeat_changes_state(node)
+    rt.heartbeat(node, [])  # heartbeats resume: the node is usable again
+    assert rt.nodes[node].state is NodeState.READY
+    rt.check_invariants()

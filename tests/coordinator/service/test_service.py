@@ -218,3 +218,22 @@ def test_readyz_fails_while_the_store_is_down() -> None:
         assert srv.wait_ready(5)
     finally:
         srv.stop()
+
+
+def test_advance_permit_releases_and_returns_the_next_grant(client, coordinator) -> None:
+    add_nodes(client, 1, 1)
+    a = client.register_job(job_spec("a", slo=1.0))
+    p = a.acquire(Phase.ROLLOUT, 0, timeout_s=5)
+    seen = [(p.phase, p.iteration)]
+    for _ in range(4):
+        p = a.advance(p, duration_s=0.5, timeout_s=5)
+        seen.append((p.phase, p.iteration))
+    assert seen == [(Phase.ROLLOUT, 0), (Phase.TRAIN, 0), (Phase.SYNC, 0), (Phase.ROLLOUT, 1), (Phase.TRAIN, 1)]
+    assert f'"epoch":{p.epoch}' in stored(coordinator)["permit/a"]  # the returned grant is durable
+    before = stored(coordinator)
+    with pytest.raises(StaleEpochError):
+        a._call("AdvancePermit", pb.AdvancePermitRequest(job="a", epoch=p.epoch + 7, duration_s=1.0))
+    with pytest.raises(InvalidArgumentError, match="timeout_s"):
+        a._call("AdvancePermit", pb.AdvancePermitRequest(job="a", epoch=p.epoch, timeout_s=float("nan")))
+    assert stored(coordinator) == before
+    assert a.release(p, 1.0) == (Phase.SYNC, 1)  # the old two-call API still works beside it
