@@ -65,6 +65,14 @@ def make_node(coordinator: ThreadedServer, sockdir: Path) -> Iterator:
         n.agent.stop()
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def register(coordinator: ThreadedServer, name: str) -> str:
     spec = JobSpec(name=name, n_rollout_gpus=1, n_train_gpus=1, t_roll_s=1.0, t_train_s=1.0, slo=3.0,
                    rollout_state_bytes=1 << 20, train_state_bytes=1 << 20)
