@@ -1,0 +1,87 @@
+"""Warm standby: two coordinator processes on one real Redis; SIGKILL the leader, the standby takes over."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.model import Phase
+
+from .conftest import RedisProcess, add_nodes, free_port, job_spec
+
+LEADER_TTL_S = 1.0
+
+
+def start_coordinator(redis_url: str, instance: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollmux", "coordinator", "--redis", redis_url, "--listen", f"127.0.0.1:{port}",
+         "--http", "", "--instance-id", instance, "--leader-ttl", str(LEADER_TTL_S), "--log-format", "text"],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    return proc, f"127.0.0.1:{port}"
+
+
+def state_of(address: str) -> tuple[bool, int]:
+    """(ready, leader fence) as the coordinator at `address` reports it."""
+    c = CoordinatorClient(address, retry_s=10)
+    try:
+        st = c.cluster_state()
+        return st.ready, st.leader_fence
+    finally:
+        c.close()
+
+
+def wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_standby_takes_over_through_the_redis_lease_when_the_leader_is_killed(redis_server: RedisProcess,
+                                                                            tmp_path: Path) -> None:
+    leader, a = start_coordinator(redis_server.url, "coord-a", tmp_path / "a.log")
+    procs = [leader]
+    try:
+        wait_for(lambda: state_of(a)[0])
+        standby, b = start_coordinator(redis_server.url, "coord-b", tmp_path / "b.log")
+        procs.append(standby)
+        time.sleep(3 * LEADER_TTL_S)  # the standby has had time to try: it must still stand by
+        ready_b, _ = state_of(b)
+        assert not ready_b, "the standby became ready while the leader held the lease"
+
+        client = CoordinatorClient([a, b], retry_s=20)  # leader first, the standby next
+        add_nodes(client, 1, 1)
+        job = client.register_job(job_spec("a", slo=1.0))
+        p = job.acquire(Phase.ROLLOUT, 0, timeout_s=5)
+        p = job.advance(p, 0.1, timeout_s=5)
+        assert (p.phase, p.iteration) == (Phase.TRAIN, 0)
+        _, fence_a = state_of(a)
+
+        leader.send_signal(signal.SIGKILL)  # the leader dies holding a granted lease
+        leader.wait()
+        t0 = time.monotonic()
+        nxt = job.advance(p, 0.1, timeout_s=10)  # the release of the lease granted by the dead leader
+        takeover_s = time.monotonic() - t0
+        assert (nxt.phase, nxt.iteration) == (Phase.SYNC, 0) and nxt.epoch > p.epoch
+        ready_b, fence_b = state_of(b)
+        assert ready_b and fence_b > fence_a
+        assert job.advance(nxt, 0.1, timeout_s=5).phase is Phase.ROLLOUT  # the job continues on the standby
+        status = job.status()
+        assert (status.next_phase, status.next_iteration, status.permit_state) == (Phase.ROLLOUT, 1, "granted")
+        assert takeover_s < 10 * LEADER_TTL_S, f"takeover took {takeover_s:.1f}s"
+        print(f"\nstandby takeover: leader SIGKILL -> next grant from the standby in {takeover_s:.2f}s "
+              f"(leader lease TTL {LEADER_TTL_S:g}s), fence {fence_a} -> {fence_b}")
+        client.close()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
