@@ -145,7 +145,8 @@ class CoordinatorClient:
             target = self.targets[self._index % len(self.targets)]
             ch = self._channels.get(target)
             if ch is None:
-                opts = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 1000)]
+                opts = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 1000),
+                        ("grpc.max_receive_message_length", 256 * 1024 * 1024)]  # cluster state is large
                 ch = (grpc.secure_channel(target, self._creds, options=opts) if self._creds
                       else grpc.insecure_channel(target, options=opts))
                 self._channels[target] = ch

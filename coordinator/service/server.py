@@ -30,6 +30,9 @@ log = logging.getLogger("rollmux.coordinator")
 
 SERVICE_NAME = "rollmux.v1.Coordinator"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""Transport limit on received messages; above `ServiceConfig.max_request_bytes` (validated by the servicer)."""
+MAX_SEND_BYTES = 256 * 1024 * 1024
+"""Answers may be large: the cluster state of a few hundred jobs is several MiB."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,11 +79,15 @@ def make_store(opts: ServerOptions) -> Store:
 
 async def start(opts: ServerOptions, store: Store | None = None) -> Running:
     """Start everything; returns once the ports are bound (readiness follows asynchronously)."""
+    if opts.max_message_bytes <= opts.config.max_request_bytes:
+        raise ValueError(f"max_message_bytes={opts.max_message_bytes} must exceed config.max_request_bytes="
+                         f"{opts.config.max_request_bytes}, or oversized requests get RESOURCE_EXHAUSTED "
+                         "instead of INVALID_ARGUMENT")
     store = store or make_store(opts)
     core = Coordinator(store, cluster=opts.cluster, config=opts.config, owner=opts.owner,
                        leader_ttl_s=opts.leader_ttl_s)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_message_bytes),
-                                      ("grpc.max_send_message_length", opts.max_message_bytes),
+                                      ("grpc.max_send_message_length", MAX_SEND_BYTES),
                                       ("grpc.so_reuseport", 0)])
     servicer = CoordinatorServicer(core, Authenticator(opts.secret), lambda s: resolved_spec(s, opts.cluster))
     pb_grpc.add_CoordinatorServicer_to_server(servicer, server)

@@ -44,12 +44,34 @@ OUTCOME_TO_PB = {WaitOutcome.GRANTED: pb.WAIT_OUTCOME_GRANTED, WaitOutcome.TIMEO
                  WaitOutcome.JOB_REMOVED: pb.WAIT_OUTCOME_JOB_REMOVED}
 
 
+def oversized(request: Any, limit: int) -> str:
+    """Why `request` is refused for its size, naming its biggest field (called only when over `limit`)."""
+    sizes = []
+    for field, _ in request.ListFields():
+        alone = type(request)()
+        alone.CopyFrom(request)
+        for other, _ in request.ListFields():
+            if other.name != field.name:
+                alone.ClearField(other.name)
+        sizes.append((alone.ByteSize(), field.name))
+    biggest, name = max(sizes, default=(0, "?"))
+    return (f"request {type(request).__name__} is {request.ByteSize()} bytes, over the {limit}-byte limit: "
+            f"field {name} alone is {biggest} bytes")
+
+
 def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map `ServiceError` to its gRPC status; log everything else as a bug (INTERNAL)."""
+    """Refuse oversized requests; map `ServiceError` to its gRPC status (anything else is INTERNAL).
+
+    The transport accepts messages up to `server.MAX_MESSAGE_BYTES` (bigger ones get
+    RESOURCE_EXHAUSTED from gRPC itself); the application limit `ServiceConfig.max_request_bytes`
+    lies below it, so a too-large request gets INVALID_ARGUMENT naming its biggest field.
+    """
 
     @functools.wraps(fn)
     async def wrapper(self: CoordinatorServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if request.ByteSize() > self.core.config.max_request_bytes:
+                raise InvalidArgumentError(oversized(request, self.core.config.max_request_bytes))
             return await fn(self, request, context)
         except ServiceError as exc:
             await context.abort(exc.code, str(exc))
