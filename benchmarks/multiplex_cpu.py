@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollmux.sidecar.launch import JobKnobs, LocalCluster, Pools, interrupt_safe, read_jsonl
-from rollmux.sidecar.report import solo_iteration_s, solo_phase_s, summarize
+from rollmux.sidecar.report import Summary, solo_iteration_s, solo_phase_s, summarize
 
 JOBS = (
     JobKnobs(name="rollout-heavy", iterations=0, seed=1,
@@ -49,47 +50,73 @@ def _wait(jobs: list, what: str) -> None:  # type: ignore[type-arg]
         raise SystemExit(f"{what}: jobs failed {bad}")
 
 
+def run_round(cluster: LocalCluster, out: Path, jobs: tuple[JobKnobs, ...], args: argparse.Namespace) -> Summary:
+    """Solo-disaggregated (one job after the other, both cores each), then both jobs multiplexed."""
+    solo, phases = {}, {}
+    for k in jobs:
+        job = cluster.launch(replace(k, iterations=args.solo_iterations), token=None, tag="-solo")
+        _wait([job], "solo")
+        recs = job.records()
+        solo[k.name] = solo_iteration_s(recs)
+        phases[k.name] = (solo_phase_s(recs, "rollout"), solo_phase_s(recs, "train") + solo_phase_s(recs, "sync"))
+        print(f"solo {k.name}: {solo[k.name]:.3f} s/it (rollout {phases[k.name][0]:.3f} s, "
+              f"train+sync {phases[k.name][1]:.3f} s)", flush=True)
+    tokens = {k.name: cluster.register(k, t_roll_s=phases[k.name][0], t_train_s=phases[k.name][1], slo=4.0)
+              for k in jobs}
+    pending = [j.job for j in cluster.client.cluster_state().jobs if j.state != "admitted"]
+    if pending:
+        raise SystemExit(f"the policy did not admit {pending} next to the other job; nothing to compare")
+    running = [cluster.launch(replace(k, iterations=args.iterations), tokens[k.name]) for k in jobs]
+    _wait(running, "multiplexed")
+    names = {k.name for k in jobs}
+    mine = [r for r in read_jsonl(out / "phases.jsonl") if r["job"] in names]
+    s = summarize(solo, mine)
+    print(f"rollmux: {', '.join(f'{j} {t:.3f} s/it' for j, t in s.mux_s.items())} -> {s.ratio:.2f}x", flush=True)
+    return s
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=30, help="iterations per job (solo and multiplexed)")
     ap.add_argument("--solo-iterations", type=int, default=10)
     ap.add_argument("--out", default=None, help="folder for logs and phase records (default: a temp dir)")
     ap.add_argument("--gantt", action="store_true", help="also draw out/gantt.png")
+    ap.add_argument("--rounds", type=int, default=1, help="solo + multiplexed rounds (the median is reported)")
     ap.add_argument("--check", action="store_true", help="exit 1 below the targets")
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="rollmux-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("*.jsonl"):
         f.unlink()
-    with interrupt_safe(), LocalCluster(out, pools=Pools()) as cluster:
-        solo, phases = {}, {}
-        for k in JOBS:  # solo-disaggregated: one after the other, each with both cores
-            job = cluster.launch(replace(k, iterations=args.solo_iterations), token=None, tag="-solo")
-            _wait([job], "solo")
-            recs = job.records()
-            solo[k.name] = solo_iteration_s(recs)
-            phases[k.name] = (solo_phase_s(recs, "rollout"), solo_phase_s(recs, "train") + solo_phase_s(recs, "sync"))
-            print(f"solo {k.name}: {solo[k.name]:.3f} s/it (rollout {phases[k.name][0]:.3f} s, "
-                  f"train+sync {phases[k.name][1]:.3f} s)", flush=True)
-        running = []
-        for k in JOBS:
-            token = cluster.register(k, t_roll_s=phases[k.name][0], t_train_s=phases[k.name][1], slo=2.0)
-            running.append((replace(k, iterations=args.iterations), token))
-        jobs = [cluster.launch(k, t) for k, t in running]
-        _wait(jobs, "multiplexed")
-    records = read_jsonl(out / "phases.jsonl")
-    s = summarize(solo, records)
-    print(f"\n{'job':<15}{'solo s/it':>11}{'rollmux s/it':>14}{'slowdown':>10}")
-    for j in solo:
-        print(f"{j:<15}{s.solo_s[j]:>11.3f}{s.mux_s[j]:>14.3f}{s.slowdown[j]:>9.2f}x")
-    print(f"\nthroughput per core: solo-disaggregated {s.solo_per_core:.3f} it/s/core, rollmux {s.mux_per_core:.3f} "
-          f"it/s/core -> {s.ratio:.2f}x (target >= {TARGET_RATIO}x)")
-    print(f"worst per-job slowdown {max(s.slowdown.values()):.2f}x (target <= {TARGET_SLOWDOWN}x); "
-          f"busy: rollout core {s.busy['rollout']:.0%}, train core {s.busy['train']:.0%}; "
-          f"overlapping phases {s.overlaps}, order violations {s.order_problems}; window {s.window_s:.1f}s")
-    (out / "multiplex_cpu.json").write_text(json.dumps({"solo_s": s.solo_s, "mux_s": s.mux_s, "ratio": s.ratio,
-                                                         "slowdown": s.slowdown, "busy": s.busy,
-                                                         "cpu_share": s.cpu_share, "loadavg": os.getloadavg()}, indent=2))
+    # Both jobs must share the two cores whatever the (noisy) solo times say: this measures the
+    # execution plane, so admission is made permissive (generous SLO, packing into a saturated group).
+    rounds = []
+    with interrupt_safe(), LocalCluster(out, pools=Pools(), fill_saturated=True) as cluster:
+        for rnd in range(args.rounds):  # rounds alternate solo and multiplexed runs under similar load
+            jobs_r = tuple(replace(k, name=f"{k.name}-{rnd}") for k in JOBS)
+            rounds.append(run_round(cluster, out, jobs_r, args))
+    for i, s in enumerate(rounds):
+        print(f"\nround {i}: {'job':<15}{'solo s/it':>11}{'rollmux s/it':>14}{'slowdown':>10}")
+        for j in s.solo_s:
+            print(f"         {j:<15}{s.solo_s[j]:>11.3f}{s.mux_s[j]:>14.3f}{s.slowdown[j]:>9.2f}x")
+        print(f"         throughput per core: solo-disaggregated {s.solo_per_core:.3f} it/s/core, rollmux "
+              f"{s.mux_per_core:.3f} it/s/core -> {s.ratio:.2f}x; worst slowdown {max(s.slowdown.values()):.2f}x")
+        print(f"         busy: rollout core {s.busy['rollout']:.0%}, train core {s.busy['train']:.0%}; CPU share of "
+              f"phase bodies {s.cpu_share:.0%}; overlapping phases {s.overlaps}, order violations "
+              f"{s.order_problems}; window {s.window_s:.1f}s")
+    ratio = statistics.median(s.ratio for s in rounds)
+    worst = statistics.median(max(s.slowdown.values()) for s in rounds)
+    load = os.getloadavg()
+    print(f"\nmedian over {len(rounds)} round(s): throughput per core {ratio:.2f}x (target >= {TARGET_RATIO}x), "
+          f"worst per-job slowdown {worst:.2f}x (target <= {TARGET_SLOWDOWN}x)")
+    print(f"load average now {load[0]:.1f} / {load[1]:.1f} (1 / 5 min) on {os.cpu_count()} CPUs. A CPU share of "
+          "phase bodies well below 100% means other processes ran on the pinned cores during the phases.")
+    (out / "multiplex_cpu.json").write_text(json.dumps(
+        {"rounds": [{"solo_s": s.solo_s, "mux_s": s.mux_s, "ratio": s.ratio, "slowdown": s.slowdown,
+                     "busy": s.busy, "cpu_share": s.cpu_share} for s in rounds],
+         "median_ratio": ratio, "median_worst_slowdown": worst, "loadavg": load}, indent=2))
+    last = f"-{len(rounds) - 1}"
+    records = [r for r in read_jsonl(out / "phases.jsonl") if r["job"].endswith(last)]
     if args.gantt:
         from rollmux.sidecar.report import gantt
 
@@ -99,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           f"processes ran on the pinned cores); load average now {load[0]:.1f} / {load[1]:.1f} (1 / 5 min) "
           f"on {os.cpu_count()} CPUs")
     print(f"records: {out}")
-    ok = s.ratio >= TARGET_RATIO and max(s.slowdown.values()) <= TARGET_SLOWDOWN and s.overlaps == 0
+    ok = ratio >= TARGET_RATIO and worst <= TARGET_SLOWDOWN and all(s.overlaps == 0 for s in rounds)
     return 0 if ok or not args.check else 1
 
 

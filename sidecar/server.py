@@ -147,7 +147,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
 def _phase_name(value: int) -> str:
     from rollmux.proto import convert
 
-    return convert.PHASE_FROM_PB[value].value
+    return convert.phase_from_pb(value).value
 
 
 def serve(agent: NodeAgent, socket_path: str, *, max_workers: int = 64) -> grpc.Server:
