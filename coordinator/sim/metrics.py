@@ -25,7 +25,10 @@ class PolicySummary:
     span_h: float  # first arrival to last completion
     peak_gpus_rollout: int
     peak_gpus_train: int
-    slo_attainment: float  # share of jobs with mean iteration <= SLO x solo (same phase-time draws)
+    # SLO attainment, two ways (README "Simulator"): the paper's T_solo is the profiled worst case
+    # that admission plans with, which RollMux guarantees; the realised solo iteration (same draws,
+    # alone on its own pools) is stricter, since phases shrink unevenly at runtime.
+    slo_attainment: float  # share of jobs with mean iteration <= SLO x realised solo iteration
     slo_attainment_planned: float  # share with mean iteration <= SLO x worst-case T_solo (paper's definition)
     bubble_rollout: float  # idle share of provisioned rollout GPU-time
     bubble_train: float

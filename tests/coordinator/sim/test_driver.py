@@ -104,3 +104,18 @@ def test_long_tail_migration_lets_the_next_rollout_start_under_the_tail() -> Non
     assert len(migrated) >= 0.9 * len(rolls)  # all but the pieces run while a job was alone
     assert all(iv.released_s is None for ivs in off.runs["rollmux"].intervals.values() for iv in ivs)
     _check_invariants(on.runs["rollmux"].intervals, on.runs["rollmux"].jobs)
+
+
+def test_a_departure_releases_the_rollout_nodes_it_emptied_and_the_group_keeps_its_training_pool() -> None:
+    # b cannot share a's rollout node within SLO 1.3 (node load 400 > 1.3 x 250), so it is placed by
+    # rollout scaling on a new node; when b leaves, only that node is released.
+    trace = [trace_job("a", iterations=40, roll=200, train=50, slo=1.3),
+             trace_job("b", arrival=10, iterations=10, roll=200, train=50, slo=1.3)]
+    run = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST)).runs["rollmux"]
+    assert {j.group_id for j in run.jobs} == {"g0"}
+    b_done = next(j.finish_s for j in run.jobs if j.job_id == "b")
+    during = [p for p in run.timeline if 10 <= p.t_s < b_done]
+    after = [p for p in run.timeline if p.t_s >= b_done and p.usd_per_h > 0]
+    assert during and all((p.rollout_gpus, p.train_gpus) == (16, 8) for p in during)
+    assert after and all((p.rollout_gpus, p.train_gpus) == (8, 8) for p in after)
+    assert run.timeline[-1].usd_per_h == 0.0
