@@ -121,10 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         from rollmux.sidecar.report import gantt
 
         print("gantt:", gantt(records, out / "gantt.png", title="multiplex_cpu: rollout-heavy + train-heavy"))
-    load = os.getloadavg()
-    print(f"CPU share of multiplexed phase bodies: {s.cpu_share:.0%} (CPU time / wall time; below ~90% means other "
-          f"processes ran on the pinned cores); load average now {load[0]:.1f} / {load[1]:.1f} (1 / 5 min) "
-          f"on {os.cpu_count()} CPUs")
     print(f"records: {out}")
     ok = ratio >= TARGET_RATIO and worst <= TARGET_SLOWDOWN and all(s.overlaps == 0 for s in rounds)
     return 0 if ok or not args.check else 1
