@@ -14,8 +14,8 @@ HELP = ("Run three tiny GRPO jobs solo, then multiplexed through an embedded coo
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="rollmux-demo", help="folder for logs, summary.json and gantt.png")
-    parser.add_argument("--seconds", type=float, default=60.0, help="target length of the multiplexed part")
-    parser.add_argument("--solo-iterations", type=int, default=5, help="iterations of each solo measurement")
+    parser.add_argument("--seconds", type=float, default=50.0, help="target length of the multiplexed part")
+    parser.add_argument("--solo-iterations", type=int, default=4, help="iterations of each solo measurement")
     parser.add_argument("--rollout-cpu", type=int, default=0, help="CPU core of the rollout pool")
     parser.add_argument("--train-cpu", type=int, default=1, help="CPU core of the training pool")
     parser.add_argument("--no-live", action="store_true", help="no live view (logs only)")

@@ -48,8 +48,8 @@ class DemoConfig:
 
     out: Path  # where logs, event records, summary.json and gantt.png go
     jobs: tuple[JobKnobs, ...] = DEMO_JOBS
-    solo_iterations: int = 5  # per job, alone on both cores (the first is warm-up)
-    mux_seconds: float = 60.0  # target length of the multiplexed run
+    solo_iterations: int = 4  # per job, alone on both cores (the first is warm-up)
+    mux_seconds: float = 50.0  # target length of the multiplexed run
     slo: float = 3.0  # generous: three jobs share two cores, so each is slower than alone
     fill_saturated: bool = True  # pack the third job into the (saturated) group while SLOs hold
     live: bool = True  # rich live view
