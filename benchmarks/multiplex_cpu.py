@@ -36,7 +36,7 @@ JOBS = (
              flags=("--max-new-tokens", "24", "--prompts", "12", "--group-size", "8", "--train-epochs", "1",
                     "--minibatches", "1")),
     JobKnobs(name="train-heavy", iterations=0, seed=2,
-             flags=("--max-new-tokens", "14", "--prompts", "6", "--group-size", "8", "--train-epochs", "5",
+             flags=("--max-new-tokens", "18", "--prompts", "6", "--group-size", "8", "--train-epochs", "6",
                     "--minibatches", "4")),
 )
 TARGET_RATIO, TARGET_SLOWDOWN = 1.7, 1.15
