@@ -33,8 +33,12 @@ def next_phase(phase: Phase, iteration: int) -> tuple[Phase, int]:
     return PHASE_ORDER[PHASE_ORDER.index(phase) + 1], iteration
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
+
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+    """Compact JSON with sorted keys (one shared encoder: `json.dumps` with options builds one per call)."""
+    return _ENCODER.encode(obj)
 
 
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from rollmux.coordinator.service.records import (
     Meta,
     NodeRecord,
     PermitRecord,
+    dumps,
     next_phase,
 )
 from rollmux.coordinator.service.states import (
@@ -133,8 +134,6 @@ class Runtime:
         self._dirty[key] = (lambda: None) if record is None else record.to_json  # type: ignore[attr-defined]
 
     def _touch_queue(self, node_id: str) -> None:
-        from rollmux.coordinator.service.records import dumps
-
         q = self.queues.get(node_id)
         self._dirty[f"queue/{node_id}"] = (lambda: None) if not q else (lambda q=q: dumps(q))
 
@@ -638,8 +637,6 @@ class Runtime:
         out.update({f"job/{k}": v.to_json() for k, v in self.jobs.items()})
         out.update({f"permit/{k}": v.to_json() for k, v in self.permits.items()})
         out.update({f"group/{k}": v.to_json() for k, v in self.groups.items()})
-        from rollmux.coordinator.service.records import dumps
-
         out.update({f"queue/{k}": dumps(v) for k, v in self.queues.items() if v})
         return out
 

@@ -102,7 +102,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         limit = self.core.config.max_name_len
         if not value:
             raise InvalidArgumentError(f"{field} is missing: expected a non-empty name")
-        if len(value) > limit or not value.isprintable() or any(c.isspace() for c in value):
+        # isprintable() refuses every whitespace character except the ASCII space
+        if len(value) > limit or not value.isprintable() or " " in value:
             raise InvalidArgumentError(f"{field}={value[:40]!r} is invalid: expected at most {limit} printable "
                                        "characters without spaces")
         return value
@@ -111,7 +112,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         name = self._name(name, "job")
         self.core.require_ready()
         job = self.core.rt.job(name)
-        self.auth.check_job(bearer(context.invocation_metadata()), name, job.token_sha256)
+        self.auth.verify_job(bearer(context.invocation_metadata()), name, job.token_sha256)
         return name
 
     @staticmethod

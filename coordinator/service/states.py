@@ -97,7 +97,8 @@ def transition(record: object, table: dict[S, frozenset[S]], new: S, *, now: flo
         IllegalTransitionError: the edge is not in the table; the record is unchanged.
     """
     current = record.state  # type: ignore[attr-defined]
-    check_transition(table, current, new, record.describe())  # type: ignore[attr-defined]
+    if new not in table[current]:  # describe the record only when refusing
+        check_transition(table, current, new, record.describe())  # type: ignore[attr-defined]
     record.state = new  # type: ignore[attr-defined]
     history: list = record.history  # type: ignore[attr-defined]
     history.append((current.value, new.value, round(now, 3), reason))
