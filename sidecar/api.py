@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rollmux import lifecycle
 from rollmux.errors import RollMuxError
 
 S = TypeVar("S", bound=enum.Enum)
@@ -41,7 +42,7 @@ class RankLeaseError(SidecarError):
     """A rank call the sidecar refuses: unknown rank id, stale epoch, or a call out of turn."""
 
 
-class IllegalTransitionError(SidecarError):
+class IllegalTransitionError(SidecarError, lifecycle.IllegalTransitionError):
     """A state change the lifecycle's transition table does not allow."""
 
 
@@ -54,19 +55,13 @@ class PermitWaitTimeoutError(SidecarError, TimeoutError):
 
 
 def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
-    """Move ``record.state`` to `new` through `table`, appending (from, to, time, reason) to its history.
+    """Move ``record.state`` to `new` through `table` (see `rollmux.lifecycle.transition`).
 
     Raises:
         IllegalTransitionError: the edge is not in the table; the record is unchanged.
     """
-    current = record.state
-    if new not in table[current]:
-        allowed = sorted(s.value for s in table[current]) or ["none (terminal)"]
-        raise IllegalTransitionError(f"{record.describe()}: illegal transition {current.value} -> {new.value}; "
-                                     f"allowed from {current.value}: {', '.join(allowed)}")
-    record.state = new
-    record.history.append((current.value, new.value, round(now, 3), reason))
-    del record.history[:-HISTORY_LIMIT]
+    lifecycle.transition(record, table, new, now=now, reason=reason, error=IllegalTransitionError,
+                         history_limit=HISTORY_LIMIT)
 
 
 # ------------------------------------------------------------------------------------------ phases

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollmux.errors import RollMuxError
+from rollmux.lifecycle import IllegalTransitionError as _IllegalTransition
+from rollmux.lifecycle import check_transition
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +48,7 @@ class StateCacheError(RollMuxError):
     """Base class of every error the state cache raises on purpose."""
 
 
-class IllegalTransitionError(StateCacheError):
+class IllegalTransitionError(StateCacheError, _IllegalTransition):
     """A state change that :data:`TRANSITIONS` does not allow (e.g. reload while offloading)."""
 
 
@@ -151,13 +153,9 @@ class Lifecycle:
             IllegalTransitionError: the edge is not in the table (including staying in the same state).
         """
         dst = CacheState(dst)
-        if dst not in TRANSITIONS[self.state]:
-            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state]))
-            raise IllegalTransitionError(
-                f"{self.owner}: cannot go from {self.state.value!r} to {dst.value!r} "
-                f"(allowed from {self.state.value!r}: {allowed}). Another offload/reload is probably "
-                "running on this cache; call offload()/reload() from one thread only."
-            )
+        check_transition(TRANSITIONS, self.state, dst, self.owner, error=IllegalTransitionError,
+                         hint="Another offload/reload is probably running on this cache; call "
+                              "offload()/reload() from one thread only.")
         self.history.append(TransitionRecord(self.state, dst, self._clock(), detail))
         self.state = dst
 
