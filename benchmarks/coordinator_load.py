@@ -56,6 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
+MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
 PAPER_POLL_S = 0.2
 TARGET_CYCLES_S = 2000.0
 TARGET_P99_S = 0.010
@@ -209,13 +210,13 @@ def _drive(address: str, jobs: list[tuple[str, str]], args: argparse.Namespace, 
     """Run the client processes against `address`; CPU seconds of `pids`, load average and Redis
     commits around the window."""
     phase_s = args.phase_ms / 1000.0
-    start_at = time.monotonic() + 1.0 + 0.002 * args.jobs  # client processes import and connect first
+    start_at = time.monotonic() + 2.0 + 0.002 * args.jobs  # client processes start, import and connect first
     t_measure = start_at + phase_s + args.warmup
     t_end = t_measure + args.seconds
     kw = {"mode": args.mode, "phase_s": phase_s, "start_at": start_at, "t_measure": t_measure, "t_end": t_end}
-    out: mp.Queue = mp.Queue()
+    out: mp.Queue = MP.Queue()
     shards = [jobs[k::args.clients] for k in range(args.clients)]
-    workers = [mp.Process(target=_client_proc, args=(address, s, kw, out)) for s in shards]
+    workers = [MP.Process(target=_client_proc, args=(address, s, kw, out), daemon=True) for s in shards]
     for w in workers:
         w.start()
     time.sleep(max(0.0, t_measure - time.monotonic()))
@@ -317,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         cpu0, cpu1, load0, load1, results = _drive(address, jobs, args, [p.pid for p in procs], redis_url)
         ceiling = None
         if args.ceiling:
-            ready = mp.Event()
+            ready = MP.Event()
             noop_port = free_port()
-            noop = mp.Process(target=_noop_server_proc, args=(noop_port, ready), daemon=True)
+            noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready), daemon=True)
             noop.start()
             ready.wait(30)
             n0, n1, _, _, nres = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid])

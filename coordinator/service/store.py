@@ -10,6 +10,7 @@ runs against both.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -73,6 +74,20 @@ class EmbeddedStore:
         return dict(self.records)
 
     async def commit(self, writes: Mapping[str, str | None], *, fence: int) -> None:
+        self._apply(writes, fence)
+
+    def commit_future(self, writes: Mapping[str, str | None], *, fence: int) -> asyncio.Future[None]:
+        """`commit` as an already-resolved future (the committer's hot path: no task per batch)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            self._apply(writes, fence)
+        except Exception as exc:  # noqa: BLE001 - handed to the committer through the future
+            fut.set_exception(exc)
+        else:
+            fut.set_result(None)
+        return fut
+
+    def _apply(self, writes: Mapping[str, str | None], fence: int) -> None:
         self._check()
         if fence != self.fence:
             raise StaleFenceError(f"commit with fence {fence} refused: the current leader fence is {self.fence}")
