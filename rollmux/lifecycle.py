@@ -66,7 +66,8 @@ def transition(record: Any, table: Mapping[S, frozenset[S]], new: S, *, now: flo
         IllegalTransitionError: (or `error`) the edge is not in the table; the record is unchanged.
     """
     current = record.state
-    check_transition(table, current, new, record.describe(), error=error)
+    if new not in table[current]:  # describe the record only when refusing (this runs per permit)
+        check_transition(table, current, new, record.describe(), error=error)
     record.state = new
     record.history.append((current.value, new.value, round(now, 3), reason))
     del record.history[:-history_limit]

@@ -12,6 +12,7 @@ from enum import Enum
 
 import grpc
 
+from rollmux import lifecycle
 from rollmux.errors import RollMuxError
 
 # ----------------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class NotReadyError(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
-class IllegalTransitionError(RollMuxError):
+class IllegalTransitionError(lifecycle.IllegalTransitionError):
     """A state machine was asked for an edge its transition table does not allow (a bug)."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TypeVar
 
+from rollmux import lifecycle
 from rollmux.coordinator.service.api import IllegalTransitionError, JobState, NodeState, PermitState
 
 S = TypeVar("S", bound=Enum)
@@ -66,40 +67,19 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     NodeState.DRAINED: frozenset(),
 }
 
-HISTORY_LIMIT = 8
+HISTORY_LIMIT = lifecycle.HISTORY_LIMIT
 """Transitions kept per record (oldest dropped)."""
 
 
 def check_transition(table: dict[S, frozenset[S]], current: S, new: S, what: str) -> None:
-    """Raise `IllegalTransitionError` unless `current -> new` is an edge of `table`.
-
-    Raises:
-        IllegalTransitionError: the edge is not in the table.
-    """
-    if new not in table[current]:
-        allowed = sorted(s.value for s in table[current]) or ["none (terminal)"]
-        raise IllegalTransitionError(
-            f"{what}: illegal transition {current.value} -> {new.value}; allowed from "
-            f"{current.value}: {', '.join(allowed)}")
+    """Raise `IllegalTransitionError` unless `current -> new` is an edge of `table`."""
+    lifecycle.check_transition(table, current, new, what, error=IllegalTransitionError)
 
 
 def transition(record: object, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
     """Move `record.state` to `new` through `table`, recording (from, to, time, reason).
 
-    Args:
-        record: any object with `state` and `history` (list) attributes and a `describe()` method.
-        table: the state machine's transition table.
-        new: the target state.
-        now: wall time of the event, seconds since the epoch.
-        reason: the event, for the history.
-
     Raises:
         IllegalTransitionError: the edge is not in the table; the record is unchanged.
     """
-    current = record.state  # type: ignore[attr-defined]
-    if new not in table[current]:  # describe the record only when refusing
-        check_transition(table, current, new, record.describe())  # type: ignore[attr-defined]
-    record.state = new  # type: ignore[attr-defined]
-    history: list = record.history  # type: ignore[attr-defined]
-    history.append((current.value, new.value, round(now, 3), reason))
-    del history[:-HISTORY_LIMIT]
+    lifecycle.transition(record, table, new, now=now, reason=reason, error=IllegalTransitionError)
