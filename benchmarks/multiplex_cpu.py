@@ -33,7 +33,7 @@ from rollmux.sidecar.report import Summary, solo_iteration_s, solo_phase_s, summ
 
 JOBS = (
     JobKnobs(name="rollout-heavy", iterations=0, seed=1,
-             flags=("--max-new-tokens", "24", "--prompts", "12", "--group-size", "8", "--train-epochs", "1",
+             flags=("--max-new-tokens", "24", "--prompts", "14", "--group-size", "8", "--train-epochs", "1",
                     "--minibatches", "1")),
     JobKnobs(name="train-heavy", iterations=0, seed=2,
              flags=("--max-new-tokens", "18", "--prompts", "6", "--group-size", "8", "--train-epochs", "6",
