@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig, RollMuxPolicy
-from rollmux.coordinator.policy.intra_group import simulate_round_robin
+from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.coordinator.profiler import resolve
 from rollmux.model import ClusterSpec, JobSpec
@@ -66,8 +66,9 @@ def run_placement(jobs: Sequence[JobSpec], cluster: ClusterSpec, *, max_group_si
     groups = []
     within = True
     for g in state.groups.values():
-        periods = simulate_round_robin(g.timings()).periods_s
-        within &= all(periods[n] <= m.budget_s * (1 + 1e-9) for n, m in g.members.items())
+        period = cycle_time(g.timings())  # exact steady state; every member shares it
+        periods = dict.fromkeys(g.members, period)
+        within &= all(period <= m.budget_s * (1 + 1e-9) for m in g.members.values())
         groups.append({"group_id": g.group_id, "jobs": list(g.members), "rollout_nodes": list(g.rollout),
                        "train_nodes": list(g.train_nodes), "usd_per_h": g.usd_per_h,
                        "t_cycle_s": g.t_cycle_s, "t_load_s": g.t_load_s,

@@ -184,10 +184,7 @@ class ClusterState:
         """Groups that can still take a job (T_load < T_cycle), in creation order."""
         if len(self._unsaturated) < 2:
             return list(self._unsaturated.values())
-        order = {gid: i for i, gid in enumerate(self.groups)} if len(self._unsaturated) > 64 else None
-        if order is None:
-            return [g for g in self.groups.values() if g.group_id in self._unsaturated]
-        return sorted(self._unsaturated.values(), key=lambda g: order[g.group_id])
+        return [g for g in self.groups.values() if g.group_id in self._unsaturated]
 
     def saturated_group_ids(self) -> list[str]:
         return [gid for gid in self.groups if gid not in self._unsaturated]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from rollmux.coordinator.policy.api import PlacementPolicy, PolicyConfig
 from rollmux.coordinator.policy.baselines import MostIdlePolicy, RandomPolicy
-from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time, simulate_round_robin
+from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
 from rollmux.coordinator.policy.optimum import OptimalPartition, optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy, isolated_cost
 from rollmux.coordinator.policy.state import ClusterState
@@ -56,7 +56,8 @@ def _planned(state: ClusterState, config: PolicyConfig) -> tuple[float, float]:
     met = total = 0
     throughput = 0.0
     for group in state.groups.values():
-        periods = simulate_round_robin(group.timings()).periods_s
+        period = cycle_time(group.timings())  # exact steady state; every member shares it
+        periods = dict.fromkeys(group.members, period)
         for name, member in group.members.items():
             total += 1
             met += periods[name] <= member.budget_s * (1 + config.slo_tolerance)
