@@ -172,6 +172,7 @@ class ClusterState:
         self.groups: dict[str, GroupState] = {}  # creation order
         self._unsaturated: dict[str, GroupState] = {}  # index kept on every join/leave
         self.job_group: dict[str, str] = {}
+        self.node_group: dict[str, str] = {}  # node -> the group it serves
         self._group_seq = itertools.count()
         self._group_floor = 0  # next group number after restored groups
         self._node_seq = itertools.count()
@@ -226,6 +227,7 @@ class ClusterState:
         group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids))
         group.check_invariants()
         self.job_group[job.name] = group.group_id
+        self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group.group_id))
         self._reindex(group)
         return group
 
@@ -247,6 +249,7 @@ class ClusterState:
             self.job_group[spec.name] = group_id
         group.check_invariants()
         self.groups[group_id] = group
+        self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group_id))
         self._reindex(group)
         digits = "".join(ch for ch in group_id if ch.isdigit())
         if group_id.startswith("g") and digits == group_id[1:] and digits:
@@ -262,6 +265,8 @@ class ClusterState:
         if not group.members:
             released += list(group.train_nodes) + list(group.rollout)
             del self.groups[gid]
+        for n in released:
+            self.node_group.pop(n, None)
         self._reindex(group)
         return released
 

@@ -9,7 +9,7 @@ through `states.transition`. Records serialise to compact JSON under one key eac
 | ``node/<id>``     | `NodeRecord`                                                 |
 | ``job/<name>``    | `JobRecord` (spec, token hash, admission, placement)         |
 | ``permit/<name>`` | `PermitRecord` (the job's current phase, lease, estimates)   |
-| ``queue/<node>``  | FIFO of job names waiting for that node                      |
+| ``served/<node>`` | the job whose round-robin turn on that node ended last       |
 | ``group/<gid>``   | `GroupRecord` (round-robin member order, nodes)              |
 """
 

@@ -74,7 +74,7 @@ class Admission(GrantQueues):
         self._touch(f"job/{job.name}", job)
         permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
         self.permits[job.name] = permit
-        self._enqueue(permit, job)
+        self._enqueue(permit)
         self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
         self._pump(job.rollout_nodes)
         return True
@@ -99,7 +99,10 @@ class Admission(GrantQueues):
             self._cancel_permit(permit, job, reason)
             self._dirty[f"permit/{name}"] = lambda: None
         if job.state is JobState.ADMITTED:
+            self._leave_rings(job)
             released = self.placement.remove_job(name)
+            for n in released:
+                self._set_served(n, None)
             self._sync_group(job.group_id)
         transition(job, JOB_TRANSITIONS, JobState.REMOVED, now=self.wall(), reason=reason)
         del self.jobs[name]
@@ -116,7 +119,5 @@ class Admission(GrantQueues):
                 self._free_node(n)
             self._notify(Notice(kind=NoticeKind.REVOKED, job=job.name, nodes=permit.nodes,
                                 epoch=permit.epoch, reason=reason))
-        elif permit.state is PermitState.QUEUED:
-            self._dequeue(permit, job)
         transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.wall(), reason=reason)
 

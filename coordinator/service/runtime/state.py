@@ -1,7 +1,7 @@
 """The runtime's records, change tracking and lookups: the base every runtime part builds on.
 
 `RuntimeState` holds the cluster as the coordinator sees it (nodes, jobs, the policy's groups,
-per-node FIFO queues, permits and their leases). The parts in this package add the transitions on it,
+per-node round-robin turns, permits and their leases). The parts in this package add the transitions on it,
 one responsibility each (see `rollmux.coordinator.service.runtime`). A transition marks the records it
 changed dirty (`_touch`) and queues `Notice`s; the shell takes both with `take_changes`.
 """
@@ -57,7 +57,7 @@ class RuntimeState:
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
         self.permits: dict[str, PermitRecord] = {}
-        self.queues: dict[str, list[str]] = {}
+        self.served: dict[str, str] = {}  # node -> job whose round-robin turn there ended last (policy.grants)
         self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
         self.groups: dict[str, GroupRecord] = {}
         self.placement = ClusterState(cluster)
@@ -79,9 +79,9 @@ class RuntimeState:
     def _touch(self, key: str, record: object | None) -> None:
         self._dirty[key] = (lambda: None) if record is None else record.to_json  # type: ignore[attr-defined]
 
-    def _touch_queue(self, node_id: str) -> None:
-        q = self.queues.get(node_id)
-        self._dirty[f"queue/{node_id}"] = (lambda: None) if not q else (lambda q=q: dumps(q))
+    def _touch_served(self, node_id: str) -> None:
+        job = self.served.get(node_id)
+        self._dirty[f"served/{node_id}"] = (lambda: None) if job is None else (lambda j=job: dumps(j))
 
     def _notify(self, notice: Notice) -> None:
         self._notices.append(notice)
