@@ -39,6 +39,7 @@ from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.grants import current_turn
 from rollmux.coordinator.service.api import JobState, NodeState, PermitState, ServiceConfig
 from rollmux.coordinator.service.records import GroupRecord, JobRecord, Meta, NodeRecord, PermitRecord, dumps
+from rollmux.coordinator.service.runtime.admission import group_record
 from rollmux.coordinator.service.runtime.leases import ReleaseResult
 from rollmux.coordinator.service.runtime.migration import Migration, MigrationDecision
 from rollmux.coordinator.service.runtime.state import Clock, Notice, NoticeKind
@@ -98,7 +99,7 @@ class Runtime(Migration):
         out.update({f"node/{k}": v.to_json() for k, v in self.nodes.items()})
         out.update({f"job/{k}": v.to_json() for k, v in self.jobs.items()})
         out.update({f"permit/{k}": v.to_json() for k, v in self.permits.items()})
-        out.update({f"group/{k}": v.to_json() for k, v in self.groups.items()})
+        out.update({f"group/{k}": group_record(g).to_json() for k, g in self.placement.groups.items()})
         out.update({f"served/{k}": dumps(v) for k, v in self.served.items()})
         return out
 
@@ -113,6 +114,7 @@ class Runtime(Migration):
         rt = cls(cluster, config, clock=clock, wall=wall, policy=policy)
         if "meta" in records:
             rt.meta = Meta.from_json(records["meta"])
+        groups: dict[str, GroupRecord] = {}
         for key, raw in records.items():
             kind, _, ident = key.partition("/")
             if kind == "node":
@@ -124,7 +126,7 @@ class Runtime(Migration):
             elif kind == "served":
                 rt.served[ident] = json.loads(raw)
             elif kind == "group":
-                rt.groups[ident] = GroupRecord.from_json(raw)
+                groups[ident] = GroupRecord.from_json(raw)
         now = clock()
         for p in rt.permits.values():
             p.queued_at = now
@@ -136,12 +138,15 @@ class Runtime(Migration):
             if node.streams and node.state is NodeState.READY:
                 transition(node, NODE_TRANSITIONS, NodeState.LOST, now=wall(), reason="coordinator restarted")
                 rt._touch(f"node/{node.node_id}", node)
-        rt._restore_placement()
+        for node in rt.nodes.values():  # the policy's snapshot from the node records, before its groups
+            rt.placement.set_node(node.node_id, host_dram_bytes=node.host_dram_bytes,
+                                  available=node.state is NodeState.READY)
+        rt._restore_placement(groups)
         rt.check_invariants()
         return rt
 
-    def _restore_placement(self) -> None:
-        for gid, rec in sorted(self.groups.items(), key=lambda kv: _gid_number(kv[0])):
+    def _restore_placement(self, groups: dict[str, GroupRecord]) -> None:
+        for gid, rec in sorted(groups.items(), key=lambda kv: _gid_number(kv[0])):
             members = [(self.jobs[name].spec, tuple(self.jobs[name].rollout_nodes)) for name in rec.members]
             self.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members)
 

@@ -39,10 +39,7 @@ class Admission(GrantQueues):
         return job, False
 
     def _free_nodes(self, pool: Pool) -> list[str]:
-        used: set[str] = set()
-        for g in self.groups.values():
-            used.update(g.train_nodes)
-            used.update(g.rollout_nodes)
+        used = self.placement.node_group
         return sorted(n.node_id for n in self.nodes.values()
                       if n.pool is pool and n.state is NodeState.READY and n.node_id not in used)
 
@@ -66,8 +63,7 @@ class Admission(GrantQueues):
             return taken
 
         group = self.placement.apply(job.spec, decision, allocate=allocate)
-        member = group.members[job.name]
-        job.group_id, job.rollout_nodes, job.train_nodes = group.group_id, member.rollout_nodes, group.train_nodes
+        job.group_id, job.rollout_nodes = group.group_id, group.members[job.name].rollout_nodes
         job.placement = decision.explain()
         transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.wall(), reason=f"placed in {group.group_id}")
         self._sync_group(group.group_id)
@@ -80,15 +76,9 @@ class Admission(GrantQueues):
         return True
 
     def _sync_group(self, gid: str) -> None:
+        """Store the group as the placement holds it (its stored form only; no copy in memory)."""
         g: GroupState | None = self.placement.groups.get(gid)
-        if g is None:
-            self.groups.pop(gid, None)
-            self._dirty[f"group/{gid}"] = lambda: None
-            return
-        rec = GroupRecord(group_id=gid, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
-                          members=tuple(g.members))
-        self.groups[gid] = rec
-        self._touch(f"group/{gid}", rec)
+        self._touch(f"group/{gid}", None if g is None else group_record(g))
 
     def remove_job(self, name: str, *, reason: str) -> list[str]:
         """Remove a job in any state; revokes its lease. Returns the nodes its group released."""
@@ -98,6 +88,7 @@ class Admission(GrantQueues):
         if permit is not None:
             self._cancel_permit(permit, job, reason)
             self._dirty[f"permit/{name}"] = lambda: None
+        group_train = self.phase_nodes(job, Phase.TRAIN)
         if job.state is JobState.ADMITTED:
             self._leave_rings(job)
             released = self.placement.remove_job(name)
@@ -108,7 +99,7 @@ class Admission(GrantQueues):
         del self.jobs[name]
         self._dirty[f"job/{name}"] = lambda: None
         self._notify(Notice(kind=NoticeKind.JOB, job=name, reason=reason))
-        touched = set(job.rollout_nodes) | set(job.train_nodes)
+        touched = set(job.rollout_nodes) | set(group_train)
         self._pump(sorted(touched))
         self.try_admit()
         return released
@@ -121,3 +112,9 @@ class Admission(GrantQueues):
                                 epoch=permit.epoch, reason=reason))
         transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.wall(), reason=reason)
 
+
+
+def group_record(g: GroupState) -> GroupRecord:
+    """The stored form of a group: its nodes and round-robin member order."""
+    return GroupRecord(group_id=g.group_id, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
+                       members=tuple(g.members))
