@@ -108,8 +108,8 @@ class Runtime(Migration):
                      clock: Clock, wall: Clock, policy: PlacementPolicy | None = None) -> Runtime:
         """Rebuild the runtime from stored records (coordinator restart or store recovery).
 
-        Leases restart their TTL (holders could not renew while the coordinator was away); nodes with
-        a sidecar start LOST until their sidecar reconnects.
+        Leases restart their TTL (holders could not renew while the coordinator was away); nodes
+        start LOST until their sidecar reconnects.
         """
         rt = cls(cluster, config, clock=clock, wall=wall, policy=policy)
         if "meta" in records:
@@ -135,7 +135,7 @@ class Runtime(Migration):
                 for n in p.nodes:
                     rt.holder[n] = p.job
         for node in rt.nodes.values():
-            if node.streams and node.state is NodeState.READY:
+            if node.state is NodeState.READY:
                 transition(node, NODE_TRANSITIONS, NodeState.LOST, now=wall(), reason="coordinator restarted")
                 rt._touch(f"node/{node.node_id}", node)
         for node in rt.nodes.values():  # the policy's snapshot from the node records, before its groups
