@@ -156,7 +156,7 @@ class RollMuxPolicy:
 
     name = "rollmux"
 
-    def __init__(self, config: PolicyConfig | None = None) -> None:
+    def __init__(self, config: PolicyConfig | None = None, **_: object) -> None:
         self.config = config or PolicyConfig()
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementDecision:
