@@ -192,6 +192,9 @@ class NodeAgent:
                 if job is not None and job.permit is not None and job.permit.epoch == r.epoch:
                     job.permit = None  # stop renewing; its ranks must stop the phase
                     job.last_released_epoch = max(job.last_released_epoch, r.epoch)
+                    for rank in job.live_ranks():
+                        if rank.state is RankState.RUNNING:
+                            rank.move(RankState.IDLE, f"lease epoch {r.epoch} revoked: {r.reason}")
                     self._cv.notify_all()
             self._record("revoked", job=r.job, epoch=r.epoch, reason=r.reason)
             self._fan_out(r.job, ("revoked", r))

@@ -54,6 +54,18 @@ class PermitWaitTimeoutError(SidecarError, TimeoutError):
     """A permit was not granted within the wait limit; the message names what it waited for."""
 
 
+class LeaseLostError(SidecarError):
+    """The permit of the running phase was revoked (expired, job removed): the shim stopped the phase.
+
+    Its results are fenced (the coordinator refuses the stale epoch): do not commit them; ask for
+    the phase again, or end the job.
+    """
+
+    def __init__(self, message: str = "the permit of this phase was revoked; the phase was stopped: do not "
+                                      "commit its results, acquire the phase again") -> None:
+        super().__init__(message)
+
+
 def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
     """Move ``record.state`` to `new` through `table` (see `rollmux.lifecycle.transition`).
 
