@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from rollmux.coordinator.service.api import FailedPreconditionError, InvalidArgumentError
@@ -34,14 +33,14 @@ class Migration(Leases):
                                           f"{permit.phase.value}({permit.iteration}): report it during rollout")
         permit.expires_at = self.clock() + self.config.lease_ttl_s
         done = finished / total
-        if permit.migrated or done < self.config.migration_threshold or len(permit.nodes) < 2:
+        rule = self.config.migration_rule
+        if permit.migrated or not rule.tail_bound(finished, total) or len(permit.nodes) < 2:
             return None
         waited = [n for n in permit.nodes if any(j != name for j in self.waiting(n))]
-        if not waited:
-            return None  # nobody would use the freed nodes: keep running undisturbed
-        keep_n = min(len(permit.nodes) - 1, max(1, math.ceil(len(permit.nodes) * (1.0 - done))))
-        order = [n for n in permit.nodes if n not in waited] + waited
-        keep, release = tuple(sorted(order[:keep_n])), tuple(sorted(order[keep_n:]))
+        plan = rule.plan(permit.nodes, waited)  # None: nobody would use the freed nodes
+        if plan is None:
+            return None
+        keep, release = plan
         permit.nodes, permit.migrated = keep, True
         self._touch(f"permit/{name}", permit)
         for n in release:
