@@ -36,15 +36,13 @@ from rollmux.coordinator.service.client import (
     Permit,
     PermitTimeoutError,
 )
-from rollmux.model import Phase, Pool
+from rollmux.model import Lease, Migration, Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar.api import (
     PHASES,
     Connection,
     ConnectionState,
     JobAbortedError,
-    Lease,
-    Migration,
     PermitWaitTimeoutError,
     RankLease,
     RankLeaseError,
@@ -320,7 +318,7 @@ class NodeAgent:
                     p = job.permit
                     if p is not None and (p.phase.value, p.iteration) == want:
                         lease.move(RankState.RUNNING, f"epoch {p.epoch}")
-                        return _lease(p)
+                        return p
                     if job.acquiring is None and not job.releasing and p is None:
                         job.acquiring, lead = want, True
                         break
@@ -438,10 +436,7 @@ class NodeAgent:
             permit = job.permit
         if permit is None or permit.epoch != epoch:
             return None
-        d = job.client.report_progress(permit, finished, total)
-        if d is None:
-            return None
-        return Migration(job=d.job, epoch=d.epoch, keep_nodes=d.keep_nodes, release_nodes=d.release_nodes)
+        return job.client.report_progress(permit, finished, total)
 
     # ------------------------------------------------------------------------------------- views
     def status(self) -> dict[str, Any]:
@@ -466,10 +461,6 @@ class NodeAgent:
                 finally:
                     os.close(fd)
         log.info("%s %s", event, fields)
-
-
-def _lease(p: Permit) -> Lease:
-    return Lease(job=p.job, phase=p.phase.value, iteration=p.iteration, epoch=p.epoch, nodes=p.nodes, ttl_s=p.ttl_s)
 
 
 __all__ = ["AgentConfig", "LocalJob", "NodeAgent"]

@@ -213,23 +213,3 @@ class Connection:
         _transition(self, CONNECTION_TRANSITIONS, new, now=time.time(), reason=reason)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lease:
-    """A permit as the sidecar hands it to ranks (plain data, no protobuf)."""
-
-    job: str
-    phase: str  # rollout | train | sync
-    iteration: int
-    epoch: int  # fencing token
-    nodes: tuple[str, ...]
-    ttl_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Migration:
-    """Long-tail migration directive: keep running on `keep_nodes`, stop using `release_nodes`."""
-
-    job: str
-    epoch: int
-    keep_nodes: tuple[str, ...]
-    release_nodes: tuple[str, ...]

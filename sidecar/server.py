@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from rollmux.coordinator.service.api import ServiceError
+from rollmux.model import Lease
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
@@ -24,7 +25,6 @@ from rollmux.sidecar.api import (
     PHASES,
     IllegalTransitionError,
     JobAbortedError,
-    Lease,
     PermitWaitTimeoutError,
     RankLeaseError,
     SidecarError,
@@ -52,7 +52,7 @@ def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
 
 
 def lease_to_pb(lease: Lease) -> spb.SidecarLease:
-    return spb.SidecarLease(job=lease.job, phase=lease.phase, iteration=lease.iteration, epoch=lease.epoch,
+    return spb.SidecarLease(job=lease.job, phase=lease.phase.value, iteration=lease.iteration, epoch=lease.epoch,
                             nodes=list(lease.nodes), ttl_s=lease.ttl_s)
 
 

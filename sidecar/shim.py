@@ -47,13 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rollmux.model import Lease, Migration, Phase
 from rollmux.sidecar import env
 from rollmux.sidecar.api import (
     PHASES,
     JobAbortedError,
-    Lease,
     LeaseLostError,
-    Migration,
     PermitWaitTimeoutError,
     RankLeaseError,
     ShimConfigError,
@@ -372,7 +371,7 @@ def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
         resp = _rpc(rt, "Acquire", spb.AcquireRequest(rank_id=rt.rank_id, phase=name, iteration=it,
                                                        timeout_s=rt.timeout_s), rt.timeout_s + 30.0)
         ls = resp.lease
-        ctx.lease = Lease(job=ls.job, phase=ls.phase, iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
+        ctx.lease = Lease(job=ls.job, phase=Phase(ls.phase), iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
                           ttl_s=ls.ttl_s)
     rt.lost.clear()
     t0 = time.time()

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rollmux.coordinator.service.api import FailedPreconditionError, InvalidArgumentError
 from rollmux.coordinator.service.runtime.leases import Leases
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
-from rollmux.model import Phase
+from rollmux.model import Migration, Phase
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MigrationDecision:
-    job: str
-    epoch: int
-    keep_nodes: tuple[str, ...]
-    release_nodes: tuple[str, ...]
-
-
-
-class Migration(Leases):
+class LongTailMigration(Leases):
     """Consolidating a rollout onto fewer nodes once it is tail-bound."""
 
-    def report_progress(self, name: str, epoch: int, finished: int, total: int) -> MigrationDecision | None:
+    def report_progress(self, name: str, epoch: int, finished: int, total: int) -> Migration | None:
         """Record rollout progress; once tail-bound, consolidate onto a few nodes (long-tail migration)."""
         if total <= 0 or finished < 0 or finished > total:
             raise InvalidArgumentError(f"progress finished={finished} total={total} is invalid: "
@@ -45,7 +34,7 @@ class Migration(Leases):
         self._touch(f"permit/{name}", permit)
         for n in release:
             self._free_node(n)
-        decision = MigrationDecision(job=name, epoch=epoch, keep_nodes=keep, release_nodes=release)
+        decision = Migration(job=name, epoch=epoch, keep_nodes=keep, release_nodes=release)
         self._notify(Notice(kind=NoticeKind.MIGRATE, job=name, nodes=keep + release, epoch=epoch,
                             keep_nodes=keep, release_nodes=release, reason=f"rollout {done:.0%} done"))
         self._pump(release)
