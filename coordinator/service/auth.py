@@ -21,6 +21,30 @@ from rollmux.coordinator.service.api import PermissionDeniedError, Unauthenticat
 METADATA_KEY = "authorization"
 
 
+def read_secret(path: str | None) -> str | None:
+    """The bootstrap secret: from `path`, else the file `ROLLMUX_SECRET_FILE` names, else
+    `ROLLMUX_BOOTSTRAP_SECRET`; None when none is configured.
+
+    Raises:
+        ValueError: the file cannot be read or holds only whitespace (the message names it).
+    """
+    import os
+
+    from rollmux.coordinator.service import env
+
+    path = path or os.environ.get(env.SECRET_FILE) or None
+    if path is None:
+        return os.environ.get(env.BOOTSTRAP_SECRET) or None
+    try:
+        with open(path) as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the bootstrap secret file {path}: {exc.strerror}") from None
+    if not secret:
+        raise ValueError(f"the bootstrap secret file {path} is empty: put the cluster's secret in it")
+    return secret
+
+
 def new_token() -> str:
     return secrets.token_urlsafe(32)
 

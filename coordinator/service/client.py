@@ -186,11 +186,23 @@ class CoordinatorClient:
         self._channels.clear()
 
     # ---- job side --------------------------------------------------------------------------
-    def register_job(self, spec: JobSpec, *, nonce: str | None = None) -> JobClient:
-        """Register a job; returns its handle (keep `handle.token` to reconnect after a crash)."""
+    def register_job(self, spec: JobSpec | pb.JobSpec, *, nonce: str | None = None, relay_node: str = "",
+                     token: str | None = None) -> JobClient:
+        """Register a job; returns its handle (keep `handle.token` to reconnect after a crash).
+
+        Args:
+            spec: the job (a `JobSpec`, or its message as a sidecar relays it unchanged).
+            nonce: secret making a retry idempotent (default: a fresh random one).
+            relay_node: set by a sidecar relaying a local job's registration; `token` is then its node token.
+            token: overrides the client's operator token for this call.
+        """
         nonce = nonce or secrets.token_urlsafe(24)
-        resp = self.call("RegisterJob", pb.RegisterJobRequest(spec=convert.spec_to_pb(spec), nonce=nonce))
-        return JobClient(self, spec.name, resp.job_token, _info(resp.status))
+        msg = spec if isinstance(spec, pb.JobSpec) else convert.spec_to_pb(spec)
+        resp = self.call("RegisterJob", pb.RegisterJobRequest(spec=msg, nonce=nonce, relay_node=relay_node),
+                         token=token)
+        job = JobClient(self, msg.name, resp.job_token, _info(resp.status))
+        job.deployment = resp.deployment or None
+        return job
 
     def job(self, name: str, token: str) -> JobClient:
         """A handle on an already registered job (e.g. a restarted trainer)."""
@@ -220,6 +232,10 @@ class JobClient:
     def __init__(self, client: CoordinatorClient, name: str, token: str, info: JobInfo | None) -> None:
         self.client, self.name, self.token = client, name, token
         self.registration = info  # status at registration (None for `CoordinatorClient.job`)
+        self.deployment: str | None = None  # deployment mode chosen at registration, when the coordinator says
+
+    def __repr__(self) -> str:  # never show the token
+        return f"JobClient(name={self.name!r}, token=<hidden>)"
 
     def _call(self, method: str, request: Any, timeout_s: float = 10.0) -> Any:
         return self.client.call(method, request, token=self.token, timeout_s=timeout_s)
@@ -361,6 +377,7 @@ class NodeSession:
         self.on_message, self.active_epochs, self.heartbeat_s = on_message, active_epochs, heartbeat_s
         self._stop = threading.Event()
         self.connected = threading.Event()
+        self.last_error: ServiceError | None = None  # why the last attempt to connect failed (None: it did not)
         self._thread = threading.Thread(target=self._run, name=f"rollmux-node-{node_id}", daemon=True)
         self._call: Any = None
 
@@ -372,7 +389,7 @@ class NodeSession:
         self._stop.set()
         if self._call is not None:
             self._call.cancel()
-        self._thread.join(5)
+        self._thread.join(2)  # a daemon thread: a registration retry still sleeping must not hold up a shutdown
 
     def _requests(self) -> Iterator[pb.NodeUp]:
         while not self._stop.is_set():
@@ -391,10 +408,14 @@ class NodeSession:
                 self._call = self.client._stub().NodeStream(self._requests(), metadata=md)  # noqa: SLF001
                 for msg in self._call:
                     self.connected.set()
+                    self.last_error = None
                     delay = 0.05
                     self.on_message(msg)
-            except (grpc.RpcError, ServiceError):
-                pass
+            except ServiceError as exc:
+                self.last_error = exc
+            except grpc.RpcError as exc:
+                if not self._stop.is_set():
+                    self.last_error = _error(exc)
             self.connected.clear()
             if self._stop.wait(delay):
                 return

@@ -21,6 +21,7 @@ from rollmux.coordinator.service.api import (
     InvalidArgumentError,
     JobState,
     NodeState,
+    PermissionDeniedError,
     PermitState,
     ServiceError,
     WaitOutcome,
@@ -220,9 +221,26 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     # ------------------------------------------------------------------------------------------
     # job side
     # ------------------------------------------------------------------------------------------
+    def _registrar(self, request: pb.RegisterJobRequest, context: grpc.aio.ServicerContext) -> str:
+        """Authenticate a registration: the operator's, or one relayed by a registered node's sidecar
+        (its node token). Returns the relaying node ("" = direct)."""
+        token = bearer(context.invocation_metadata())
+        if not request.relay_node:
+            self.auth.check_operator(token)
+            return ""
+        node_id = self._name(request.relay_node, "relay_node")
+        self.auth.check_node(token, node_id)
+        if not self.core.config.relayed_registration:
+            raise PermissionDeniedError(f"node {node_id!r} relayed a job registration, but this coordinator "
+                                        "refuses relayed registrations (--no-relayed-registration): register "
+                                        "the job with the operator token instead")
+        self.core.require_ready()
+        self.core.rt.node(node_id)
+        return node_id
+
     @_rpc
     async def RegisterJob(self, request: pb.RegisterJobRequest, context: grpc.aio.ServicerContext) -> Any:
-        self.auth.check_operator(bearer(context.invocation_metadata()))
+        relayed_by = self._registrar(request, context)
         if not request.HasField("spec"):
             raise InvalidArgumentError("spec is missing: expected a JobSpec")
         self._name(request.spec.name, "spec.name")
@@ -237,9 +255,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         token = new_token()
         nonce = request.nonce or new_token()
         job, rotated = await self.core.mutate(lambda rt: rt.register_job(
-            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce)))
+            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce), relayed_by=relayed_by))
         log.info("job registered%s", " again (token rotated)" if rotated else "",
-                 extra={"job": spec.name, "group": job.group_id, "state": job.state.value})
+                 extra={"job": spec.name, "group": job.group_id, "state": job.state.value,
+                        "relayed_by": relayed_by})
         return pb.RegisterJobResponse(job_token=token, status=job_status(self.core.rt, spec.name))
 
     @_rpc
@@ -393,7 +412,7 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStat
     job = rt.job(name)
     ttl = rt.config.lease_ttl_s if ttl_s is None else ttl_s
     msg = pb.JobStatus(job=name, state=job.state.value, group_id=job.group_id, rollout_nodes=job.rollout_nodes,
-                       train_nodes=job.train_nodes, placement=job.placement)
+                       train_nodes=job.train_nodes, placement=job.placement, relayed_by=job.relayed_by)
     permit = rt.permits.get(name)
     if permit is None:
         msg.next_phase, msg.next_iteration, msg.permit_state = pb.PHASE_ROLLOUT, 0, "pending-admission"
