@@ -157,8 +157,8 @@ class CoordinatorClient:
             self._index += 1
 
     def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
-             metadata: Sequence[tuple[str, str]] = ()) -> Any:
-        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s`.
+             metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None) -> Any:
+        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s` (default: the client's).
 
         Raises:
             ServiceError: the coordinator refused the call (or stayed unavailable).
@@ -167,7 +167,7 @@ class CoordinatorClient:
         tok = token if token is not None else self.token
         if tok:
             md.append(("authorization", f"Bearer {tok}"))
-        deadline = time.monotonic() + self.retry_s
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         delay = 0.02
         while True:
             try:
@@ -210,10 +210,11 @@ class CoordinatorClient:
 
     # ---- node side -------------------------------------------------------------------------
     def register_node(self, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int, host_dram_bytes: int,
-                      nvml: dict[str, str] | None = None, token: str | None = None) -> pb.RegisterNodeResponse:
+                      nvml: dict[str, str] | None = None, token: str | None = None,
+                      retry_s: float | None = None) -> pb.RegisterNodeResponse:
         req = pb.RegisterNodeRequest(node_id=node_id, pool=convert.POOL_TO_PB[pool], gpu_type=gpu_type,
                                      gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
-        return self.call("RegisterNode", req, token=token)
+        return self.call("RegisterNode", req, token=token, retry_s=retry_s)
 
     # ---- operator side ---------------------------------------------------------------------
     def cluster_state(self) -> pb.ClusterStateResponse:
@@ -401,7 +402,9 @@ class NodeSession:
         delay = 0.05
         while not self._stop.is_set():
             try:
-                self.client.register_node(self.node_id, token=self.token, **self._register)  # type: ignore[arg-type]
+                # one attempt per round: this loop's own backoff retries, and `last_error` stays current
+                self.client.register_node(self.node_id, token=self.token, retry_s=0.0,
+                                          **self._register)  # type: ignore[arg-type]
                 md = [(NODE_METADATA_KEY, self.node_id)]
                 if self.token:
                     md.append(("authorization", f"Bearer {self.token}"))

@@ -150,7 +150,7 @@ def test_operator_can_turn_relayed_registration_off(sockdir: Path) -> None:
 def test_refused_spec_names_the_field(secured) -> None:  # type: ignore[no-untyped-def]
     _, side = secured
     bad = JobSpec(name="relayed-f", n_rollout_gpus=1, n_train_gpus=1, t_roll_s=1.0, t_train_s=1.0, slo=3.0,
-                  rollout_state_bytes=1 << 60)
+                  rollout_state_bytes=1 << 45)  # over a node's 2 TB of host DRAM
     with pytest.raises(registration.RegistrationError, match="rollout_state_bytes"):
         shim.register(bad, socket=side.socket)
 
