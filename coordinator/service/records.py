@@ -102,6 +102,7 @@ class JobRecord:
     group_id: str = ""
     rollout_nodes: tuple[str, ...] = ()  # its pins, as placed (the group record holds the training nodes)
     placement: str = ""  # the policy's explanation
+    relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
     history: list = field(default_factory=list)
 
     def describe(self) -> str:
@@ -112,7 +113,7 @@ class JobRecord:
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
                       "placement": self.placement,
-                      "history": self.history})
+                      "relayed_by": self.relayed_by, "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> JobRecord:

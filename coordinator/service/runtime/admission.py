@@ -25,9 +25,11 @@ from rollmux.model import JobSpec, Phase, Pool
 class Admission(GrantQueues):
     """Registering jobs, admitting them in arrival order, removing them."""
 
-    def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str) -> tuple[JobRecord, bool]:
+    def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
+                     relayed_by: str = "") -> tuple[JobRecord, bool]:
         """Register a resolved job spec; returns (record, rotated) where rotated means a retried
-        registration with the same nonce (its token is replaced by the new one).
+        registration with the same nonce (its token is replaced by the new one). `relayed_by` names
+        the node whose sidecar relayed the registration.
 
         Raises:
             AlreadyExistsError: the name is taken by a registration with another nonce.
@@ -44,7 +46,7 @@ class Admission(GrantQueues):
         self._check_can_ever_fit(spec)
         self.meta.seq += 1
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
-                        seq=self.meta.seq)
+                        seq=self.meta.seq, relayed_by=relayed_by)
         self.jobs[spec.name] = job
         self._touch("meta", self.meta)
         self._touch(f"job/{spec.name}", job)
