@@ -168,8 +168,8 @@ def test_chaos_sigkill_coordinator_job_sidecar_and_redis_restart(redis_server: R
     log = tmp_path / "events.log"
 
     def spawn(name: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([PY, WORKER, "job", "--coordinator", coord.address, "--job", name, "--token",
-                                 tokens[name], "--iterations", str(ITERATIONS), "--log", str(log)])
+        return subprocess.Popen([PY, WORKER, "job", "--coordinator", coord.address, "--job", name,
+                                 f"--token={tokens[name]}", "--iterations", str(ITERATIONS), "--log", str(log)])
 
     def spawn_sidecar() -> subprocess.Popen[bytes]:
         return spawn_nodes("rollout", ["r0"])
