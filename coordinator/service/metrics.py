@@ -25,6 +25,7 @@ class Metrics:
     provisioned_usd_per_h: Gauge  # rollmux_provisioned_usd_per_hour: Cost of all groups
     jobs: Gauge  # rollmux_jobs{state}
     nodes: Gauge  # rollmux_nodes{state}
+    pool_nodes: Gauge  # rollmux_pool_nodes{pool}: READY nodes per pool (the bubble fraction's denominator)
     store_commits: Counter  # rollmux_store_commits_total{outcome}
     ready: Gauge  # rollmux_ready: 1 when serving
     build_info: Gauge  # rollmux_build_info{version}
@@ -49,6 +50,7 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
                                     registry=r),
         jobs=Gauge("rollmux_jobs", "Registered jobs", ["state"], registry=r),
         nodes=Gauge("rollmux_nodes", "Registered nodes", ["state"], registry=r),
+        pool_nodes=Gauge("rollmux_pool_nodes", "READY nodes per pool", ["pool"], registry=r),
         store_commits=Counter("rollmux_store_commits_total", "Batched state-store commits", ["outcome"],
                               registry=r),
         ready=Gauge("rollmux_ready", "1 when the coordinator serves requests", registry=r),
