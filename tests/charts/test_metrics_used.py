@@ -163,8 +163,13 @@ def test_every_metric_the_dashboard_and_rules_use_is_exported(chart_redis: tuple
         assert proc.poll() is None, f"the coordinator exited {proc.returncode}:\n{log.read_text()}"
         bound = json.loads(ports.read_text())
         address = f"127.0.0.1:{bound['grpc']}"
-        ready = urllib.request.urlopen(f"http://127.0.0.1:{bound['http']}/readyz", timeout=5)
-        assert ready.status == 200
+        def ready() -> bool:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{bound['http']}/readyz", timeout=5).status == 200
+            except OSError:  # 503 until leadership is held and the state loaded
+                return False
+
+        wait_until(ready, 30, "/readyz")
         client = CoordinatorClient(address, token=operator_token(secret), retry_s=10)
         for node, pool, gpu in (("r0", Pool.ROLLOUT, "H20"), ("t0", Pool.TRAIN, "H800")):
             sessions.append(NodeSession(client, node, pool, gpu_type=gpu, gpu_count=8, host_dram_bytes=2 << 40,
