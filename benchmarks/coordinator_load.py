@@ -5,7 +5,9 @@
 Design (printed with the figures):
 - Starts its own redis-server (append-only file, fsync every second; or --redis URL) and a
   `rollmux coordinator` subprocess, registers one rollout and one training node per job and one job
-  per node pair (SLO 1.0, so each job has its own group). Every phase a job asks for is therefore
+  per node pair (SLO 1.0, so each job has its own group). A node is READY only while its sidecar's
+  stream is open, so one more process holds every node's NodeStream (grpc.aio, a heartbeat every
+  NODE_HEARTBEAT_S, the coordinator's --heartbeat-interval) for the whole run. Every phase a job asks for is therefore
   grantable the moment it asks (its nodes are free), and the grant latency measured is the
   service's own: RPC, validation, the transition, its durable commit to Redis, the answer.
 - Each job is an asyncio coroutine in a separate client process (--clients processes, grpc.aio).
@@ -188,6 +190,35 @@ async def _client_main(address: str, jobs: list[tuple[str, str]], *, mode: str, 
              "errors": errors[:5], "n_errors": len(errors)})
 
 
+NODE_HEARTBEAT_S = 20.0
+
+
+async def _node_streams_main(address: str, node_ids: list[str]) -> None:
+    import grpc
+
+    from rollmux.coordinator.service.servicer import NODE_METADATA_KEY
+    from rollmux.proto import rollmux_v1_pb2 as pb
+    from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+
+    channel = grpc.aio.insecure_channel(address)
+    stub = pb_grpc.CoordinatorStub(channel)
+
+    async def beats():  # type: ignore[no-untyped-def]
+        while True:
+            yield pb.NodeUp(heartbeat=pb.NodeHeartbeat())
+            await asyncio.sleep(NODE_HEARTBEAT_S)
+
+    async def hold(node_id: str) -> None:
+        async for _ in stub.NodeStream(beats(), metadata=[(NODE_METADATA_KEY, node_id)]):
+            pass
+
+    await asyncio.gather(*(hold(n) for n in node_ids))
+
+
+def _node_streams_proc(address: str, node_ids: list[str]) -> None:
+    asyncio.run(_node_streams_main(address, node_ids))
+
+
 def _client_proc(address: str, jobs: list[tuple[str, str]], kw: dict, out: mp.Queue) -> None:
     asyncio.run(_client_main(address, jobs, out=out, **kw))
 
@@ -265,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-load-"))
     procs: list[subprocess.Popen[bytes]] = []
     redis_proc: subprocess.Popen[bytes] | None = None
+    streams: mp.Process | None = None  # type: ignore[name-defined]
     try:
         store_args: list[str]
         redis_url: str | None = None
@@ -289,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             store_args = ["--redis", redis_url]
         port = free_port()
         server = subprocess.Popen([sys.executable, "-m", "rollmux", "coordinator", *store_args, "--listen",
-                                   f"127.0.0.1:{port}", "--http", "", "--lease-ttl", "60", "--log-level", "warning"])
+                                   f"127.0.0.1:{port}", "--http", "", "--lease-ttl", "60", "--log-level", "warning",
+                                   "--heartbeat-interval", str(NODE_HEARTBEAT_S)])
         procs.append(server)
         wait_port(port)
         address = f"127.0.0.1:{port}"
@@ -298,6 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.jobs):
             client.register_node(f"r{i}", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12)
             client.register_node(f"t{i}", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12)
+        streams = MP.Process(target=_node_streams_proc, daemon=True,
+                             args=(address, [f"{p}{i}" for i in range(args.jobs) for p in "rt"]))
+        streams.start()
+        while sum(n.state == "ready" for n in client.cluster_state().nodes) < 2 * args.jobs:
+            if not streams.is_alive() or time.monotonic() - t0 > 120:
+                print("the node streams did not connect", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
         jobs = []
         for i in range(args.jobs):
             # training-bound with SLO 1.0: sharing a group would stretch any job's period, so none do
@@ -332,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                        "p99_s": pct(nlat, 0.99), "server_cpu": (n1[noop.pid] - n0[noop.pid]) / args.seconds,
                        "client_cpu": sum(r["cpu_s"] for r in nres) / args.seconds}
     finally:
+        if streams is not None:
+            streams.terminate()
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
             try:

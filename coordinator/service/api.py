@@ -96,6 +96,7 @@ class ServiceConfig:
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
     relayed_registration: bool = True  # accept RegisterJob relayed by a node's sidecar with its node token
+    max_nodes_per_job: int = 1024  # most nodes one job may ask for in either pool (more is refused)
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl_s", "max_wait_s", "heartbeat_interval_s", "reap_interval_s"):

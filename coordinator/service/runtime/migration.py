@@ -36,7 +36,7 @@ class Migration(Leases):
         done = finished / total
         if permit.migrated or done < self.config.migration_threshold or len(permit.nodes) < 2:
             return None
-        waited = [n for n in permit.nodes if self.queues.get(n)]
+        waited = [n for n in permit.nodes if any(j != name for j in self.waiting(n))]
         if not waited:
             return None  # nobody would use the freed nodes: keep running undisturbed
         keep_n = min(len(permit.nodes) - 1, max(1, math.ceil(len(permit.nodes) * (1.0 - done))))
