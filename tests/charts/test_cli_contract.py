@@ -43,6 +43,8 @@ def test_coordinator_flags_parse_and_carry_the_values(values: Path) -> None:
     assert (ns.lease_ttl, ns.leader_ttl, ns.max_wait, ns.migration_threshold) == (10.0, 5.0, 300.0, 0.8)
     assert (ns.rollout_gpu, ns.train_gpu, ns.gpus_per_node) == ("H20", "H800", 8)
     assert ns.secret_file == "/etc/rollmux/auth/bootstrap-secret" and ns.log_format == "json"
+    assert (ns.max_group_size, ns.max_nodes_per_job, ns.heartbeat_interval) == (5, 1024, 2.0)
+    assert ns.catalog == "/etc/rollmux/catalog/gpus.yaml" and ns.no_relayed_registration is False
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     for path in filter(None, (ns.secret_file, getattr(ns, "catalog", None), ns.tls_cert, ns.tls_key)):
         assert str(Path(path).parent) in mounts, f"{path} is not on a mounted volume"
@@ -73,3 +75,35 @@ def test_policy_flag_is_rendered_only_when_set() -> None:
         render(ci_values("defaults")).one("Deployment", name("coordinator")), "coordinator")["args"])
     args = container(render(ci_values("everything")).one("Deployment", name("coordinator")), "coordinator")["args"]
     assert "--policy=rollmux" in args and args[-1] == "--log-level=debug"
+
+
+def test_the_schema_offers_exactly_the_coordinator_policies() -> None:
+    import json
+
+    from rollmux.coordinator.policy.api import ONLINE_POLICIES
+
+    from .conftest import CHART
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["coordinator"]["properties"]["policy"]["enum"] == ["", *ONLINE_POLICIES]
+
+
+def test_the_catalog_configmap_loads_with_the_coordinators_loader(tmp_path: Path) -> None:
+    from rollmux.model import GpuCatalog
+
+    from .conftest import ci_values
+
+    data = render(ci_values("everything")).one("ConfigMap", name("catalog"))["data"]["gpus.yaml"]
+    (tmp_path / "gpus.yaml").write_text(data)
+    catalog = GpuCatalog.from_yaml(tmp_path / "gpus.yaml")
+    assert catalog["B200"].hbm_gb == 192 and catalog["H20"].usd_per_gpu_h == 1.6 and "H800" in catalog
+
+
+def test_a_sidecar_heartbeat_slower_than_the_coordinator_expects_is_refused() -> None:
+    from .conftest import CHART, helm
+
+    proc = helm("template", "rm", str(CHART), "--set-json", "sidecar.heartbeatSeconds=2", check=False)
+    assert proc.returncode != 0 and "must be below coordinator.heartbeatIntervalSeconds" in proc.stderr
+    args = container(render(sets=("coordinator.relayedRegistration=false",)).one(
+        "Deployment", name("coordinator")), "coordinator")["args"]
+    assert "--no-relayed-registration" in args
