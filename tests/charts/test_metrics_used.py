@@ -1,31 +1,28 @@
 """The dashboard and the alert rules use only metrics (and label values) a running coordinator exports.
 
 A real `rollmux coordinator` process is started with the flags the chart renders, on a real
-redis-server with the chart's password and URL form; two node streams and a job drive it through a
-grant, a release and a lease expiry, then /metrics is scraped and every selector is checked.
+redis-server with the chart's password and URL form, with two real `rollmux sidecar` processes
+started with the sidecar DaemonSets' flags; a job is driven through a grant, a release and a lease
+expiry, one sidecar is stopped (its node turns lost), then /metrics is scraped and every selector
+is checked.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollmux.coordinator.service.auth import node_token, operator_token
-from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
-from rollmux.model import JobSpec, Phase, Pool
+from rollmux.coordinator.service.auth import operator_token
+from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.model import JobSpec, Phase
 
-from .conftest import CHART, ci_values, container, name, render
+from .conftest import CHART, ci_values, render
+from .local_pods import chart_coordinator, chart_sidecar, wait_until
 
 SELECTOR = re.compile(r"\b(rollmux_[a-z0-9_]+)\b\s*(\{[^}]*\})?")
 MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
@@ -70,74 +67,6 @@ def test_dashboard_covers_the_issue_panels() -> None:
             "rollmux_pool_nodes", "rollmux_jobs", "rollmux_nodes"} <= names
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def chart_redis(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """A redis-server with the chart's generated password; yields (password, port)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server not found (bash scripts/setup.sh --dev installs it)")
-    password = render(ci_values("defaults")).secret_value(name("redis"), "redis-password")
-    port = str(free_port())
-    conf = tmp_path / "redis.conf"
-    conf.write_text(f"requirepass {password}\n")
-    proc = subprocess.Popen([binary, str(conf), "--port", port, "--bind", "127.0.0.1", "--dir", str(tmp_path),
-                             "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def pong() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", int(port)), timeout=0.2) as s:
-                s.sendall(f"AUTH {password}\r\nPING\r\n".encode())
-                return b"+PONG" in s.recv(64)
-        except OSError:
-            return False
-
-    try:
-        wait_until(pong, 10, "redis-server")
-        yield password, port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def coordinator_command(tmp_path: Path, password: str, redis_port: str) -> tuple[list[str], dict[str, str], str]:
-    """The chart's coordinator container as a local process: (argv, env additions, bootstrap secret)."""
-    r = render(ci_values("defaults"))
-    c = container(r.one("Deployment", name("coordinator")), "coordinator")
-    secret = r.secret_value(name("auth"), "bootstrap-secret")
-    files = {"/etc/rollmux/auth/bootstrap-secret": secret,
-             "/etc/rollmux/catalog/gpus.yaml": r.one("ConfigMap", name("catalog"))["data"]["gpus.yaml"]}
-    local = {}
-    for path, text in files.items():
-        local[path] = tmp_path / Path(path).name
-        local[path].write_text(text)
-    overrides = {"--listen": "127.0.0.1:0", "--http": "127.0.0.1:0", "--lease-ttl": str(LEASE_TTL_S),
-                 "--instance-id": "rm-rollmux-coordinator-0", "--log-format": "text"}
-    args = []
-    for arg in c["args"]:
-        flag, _, value = arg.partition("=")
-        value = overrides.get(flag, str(local.get(value, value)))
-        args.append(f"{flag}={value}" if _ else arg)
-    env = {e["name"]: e.get("value", "") for e in c["env"]}
-    url = env["ROLLMUX_REDIS_URL"].replace("$(REDIS_PASSWORD)", password)
-    url = re.sub(r"@[^/]+/", f"@127.0.0.1:{redis_port}/", url)
-    return [sys.executable, "-m", "rollmux", *args, "--port-file", str(tmp_path / "ports.json")], \
-        {"ROLLMUX_REDIS_URL": url}, secret
-
-
 def scrape(http_port: int) -> dict[str, set[tuple[tuple[str, str], ...]]]:
     """Sample name -> the label sets it has, from /metrics."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
@@ -148,53 +77,30 @@ def scrape(http_port: int) -> dict[str, set[tuple[tuple[str, str], ...]]]:
     return samples
 
 
-@pytest.mark.timeout(120)
-def test_every_metric_the_dashboard_and_rules_use_is_exported(chart_redis: tuple[str, str], tmp_path: Path) -> None:
-    import os
+@pytest.mark.timeout(180)
+def test_every_metric_the_dashboard_and_rules_use_is_exported(tmp_path: Path) -> None:
+    r = render(ci_values("defaults"))
+    with chart_coordinator(r, tmp_path, **{"--lease-ttl": str(LEASE_TTL_S)}) as coord:
+        client = CoordinatorClient(coord.address, token=operator_token(coord.secret), retry_s=10)
+        with chart_sidecar(r, "rollout", "node-r0", coord, tmp_path):
+            with chart_sidecar(r, "train", "node-t0", coord, tmp_path):
+                job = client.register_job(JobSpec(name="metrics-probe", n_rollout_gpus=8, n_train_gpus=8,
+                                                  t_roll_s=10.0, t_train_s=10.0, slo=2.0,
+                                                  rollout_state_bytes=1 << 20, train_state_bytes=1 << 20))
+                permit = job.acquire(Phase.ROLLOUT, 0, timeout_s=10)
+                job.release(permit, duration_s=0.1)
+                job.acquire(Phase.TRAIN, 0, timeout_s=10)  # never renewed: expires after LEASE_TTL_S
+            # node-t0's sidecar stopped: its stream closed, the node turns lost
 
-    password, redis_port = chart_redis
-    argv, env_add, secret = coordinator_command(tmp_path, password, redis_port)
-    log = tmp_path / "coordinator.log"
-    proc = subprocess.Popen(argv, env={**os.environ, **env_add}, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    sessions: list[NodeSession] = []
-    try:
-        ports = tmp_path / "ports.json"
-        wait_until(lambda: ports.exists() or proc.poll() is not None, 30, "the coordinator to listen")
-        assert proc.poll() is None, f"the coordinator exited {proc.returncode}:\n{log.read_text()}"
-        bound = json.loads(ports.read_text())
-        address = f"127.0.0.1:{bound['grpc']}"
-        def ready() -> bool:
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{bound['http']}/readyz", timeout=5).status == 200
-            except OSError:  # 503 until leadership is held and the state loaded
-                return False
+            def expired_and_lost() -> bool:
+                samples = scrape(coord.http)
+                return ((("reason", "expired"),) in samples.get("rollmux_permits_revoked_total", set())
+                        and any(dict(ls) == {"state": "lost"} for ls in samples.get("rollmux_nodes", set()))
+                        and node_count(coord.http, "lost") == 1)
 
-        wait_until(ready, 30, "/readyz")
-        client = CoordinatorClient(address, token=operator_token(secret), retry_s=10)
-        for node, pool, gpu in (("r0", Pool.ROLLOUT, "H20"), ("t0", Pool.TRAIN, "H800")):
-            sessions.append(NodeSession(client, node, pool, gpu_type=gpu, gpu_count=8, host_dram_bytes=2 << 40,
-                                        token=node_token(secret, node), heartbeat_s=0.2).start())
-        for s in sessions:
-            assert s.connected.wait(10), f"node {s.node_id} did not connect:\n{log.read_text()}"
-        job = client.register_job(JobSpec(name="metrics-probe", n_rollout_gpus=8, n_train_gpus=8, t_roll_s=10.0,
-                                          t_train_s=10.0, slo=2.0))
-        permit = job.acquire(Phase.ROLLOUT, 0, timeout_s=10)
-        job.release(permit, duration_s=0.1)
-        job.acquire(Phase.TRAIN, 0, timeout_s=10)  # never renewed: its lease expires after LEASE_TTL_S
-        sessions.pop().stop()  # t0's stream closes: the node turns lost
-        def expired() -> bool:
-            revoked = scrape(bound["http"]).get("rollmux_permits_revoked_total", set())
-            return (("reason", "expired"),) in revoked
-
-        wait_until(expired, 15, "the lease to expire")
-        time.sleep(1.5)  # one more gauge refresh
-        samples = scrape(bound["http"])
+            wait_until(expired_and_lost, 20, "the lease to expire and node-t0 to turn lost")
+            samples = scrape(coord.http)
         client.close()
-    finally:
-        for s in sessions:
-            s.stop()
-        proc.terminate()
-        proc.wait(15)
     missing = []
     for metric, labels in sorted(selectors(dashboard_exprs() + rule_exprs())):
         have = samples.get(metric)
@@ -203,3 +109,12 @@ def test_every_metric_the_dashboard_and_rules_use_is_exported(chart_redis: tuple
         elif labels and not any(set(labels) <= set(ls) for ls in have):
             missing.append(f"{metric}{dict(labels)} (exported label sets: {sorted(have)})")
     assert not missing, "used by the dashboard or the alert rules but not exported: " + "; ".join(missing)
+
+
+def node_count(http_port: int, state: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "rollmux_nodes" and s.labels == {"state": state}:
+                return s.value
+    return -1.0
