@@ -1,6 +1,6 @@
 """Run one rank of the tiny GRPO job as its own process, pinned to CPUs, optionally under RollMux.
 
-    python -m examples.tiny_grpo.rollmux_rank --rank 0 --init-method tcp://127.0.0.1:29500 --cpus 1 \
+    python -m rollmux.demo.tiny_grpo.rollmux_rank --rank 0 --init-method tcp://127.0.0.1:29500 --cpus 1 \
         --iterations 20 --log-file job.jsonl [any JobConfig flag]
 
 ``job.py`` starts both ranks from one parent; the RollMux demo and benchmark instead start each rank
@@ -47,9 +47,9 @@ def phase_hook(name: str) -> AbstractContextManager[Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from examples.tiny_grpo.job import JobConfig
+    from rollmux.demo.tiny_grpo.job import JobConfig
 
-    p = argparse.ArgumentParser(prog="python -m examples.tiny_grpo.rollmux_rank", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m rollmux.demo.tiny_grpo.rollmux_rank", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rank", type=int, required=True, help="0 = trainer, 1 = rollout worker")
     p.add_argument("--init-method", required=True, help="gloo rendezvous, e.g. tcp://127.0.0.1:29500")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     import rollmux
-    from examples.tiny_grpo import job
+    from rollmux.demo.tiny_grpo import job
 
     fields = {f.name for f in dataclasses.fields(job.JobConfig)}
     cfg = job.JobConfig(**{k: v for k, v in vars(args).items() if k in fields})
@@ -109,6 +109,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     raise SystemExit(main())

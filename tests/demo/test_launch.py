@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.sidecar.launch import JobKnobs, LocalCluster, read_jsonl
-from rollmux.sidecar.report import order_violations, overlaps, spans
+from rollmux.demo.launch import JobKnobs, LocalCluster, read_jsonl
+from rollmux.demo.report import order_violations, overlaps, spans
 
 ITERATIONS = 3
 JOBS = (

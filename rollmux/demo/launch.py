@@ -2,6 +2,9 @@
 sidecar per pool (each pinned to its pool's CPU core) and tiny GRPO jobs whose rank processes are
 pinned to their node's core. Used by ``rollmux demo``, ``benchmarks/multiplex_cpu.py`` and the
 end-to-end test. Every child runs in its own session and is terminated on exit, error or Ctrl-C.
+
+Children run the installed package (``python -m rollmux ...``) with the work folder as their working
+directory, and every path handed to them is absolute, so the caller's directory does not matter.
 """
 
 from __future__ import annotations
@@ -20,19 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollmux.errors import RollMuxError
 from rollmux.sidecar import env
-from rollmux.sidecar.api import SidecarError
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class LaunchError(SidecarError):
-    """A child process of the local setup failed to start or exited with an error."""
+class LaunchError(RollMuxError):
+    """A child process of the local setup failed to start or exited with an error (its log is named)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobKnobs:
-    """One tiny GRPO job: its name and the ``examples.tiny_grpo`` knobs that set its phase ratio."""
+    """One tiny GRPO job: its name and the ``rollmux.demo.tiny_grpo`` knobs that set its phase ratio."""
 
     name: str
     iterations: int
@@ -56,7 +57,6 @@ def free_port() -> int:
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
-    e["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     e["OMP_NUM_THREADS"] = "1"
     e.update(extra or {})
     return e
@@ -66,12 +66,13 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Procs:
     """Child processes, terminated together (SIGTERM, then SIGKILL) when the block ends."""
 
+    cwd: Path  # working directory of every child (absolute)
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
     def spawn(self, name: str, argv: Sequence[str], *, log: Path, cpus: set[int] | None = None,
               extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         out = open(log, "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=_child_env(extra_env), stdout=out,
+        proc = subprocess.Popen([sys.executable, *argv], cwd=self.cwd, env=_child_env(extra_env), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         if cpus:
@@ -142,14 +143,14 @@ class LocalCluster:
 
     def __init__(self, workdir: Path, *, pools: Pools | None = None, fill_saturated: bool = False,
                  lease_ttl_s: float = 10.0) -> None:
-        self.dir, self.pools = workdir, pools or Pools()
+        self.dir, self.pools = workdir.resolve(), pools or Pools()
         self.fill_saturated, self.lease_ttl_s = fill_saturated, lease_ttl_s
-        self.procs = Procs()
+        self.procs = Procs(cwd=self.dir)
         self.server: Any = None
         self.client: Any = None
         self.sockets: dict[str, str] = {}
-        self.events = workdir / "phases.jsonl"
-        self.node_events = workdir / "nodes.jsonl"
+        self.events = self.dir / "phases.jsonl"
+        self.node_events = self.dir / "nodes.jsonl"
 
     # ------------------------------------------------------------------------------- lifecycle
     def start(self) -> LocalCluster:
@@ -160,6 +161,7 @@ class LocalCluster:
         from rollmux.coordinator.service.server import ServerOptions, start_in_thread
         from rollmux.model import ClusterSpec
 
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.server = start_in_thread(ServerOptions(
             listen="127.0.0.1:0", http=None, cluster=ClusterSpec(gpus_per_node=1, host_dram_bytes=1 << 40),
             config=ServiceConfig(lease_ttl_s=self.lease_ttl_s)))
@@ -230,7 +232,7 @@ def launch_job(procs: Procs, workdir: Path, knobs: JobKnobs, pools: Pools, *, to
     log = workdir / f"{knobs.name}{tag}.jsonl"
     if log.exists():
         log.unlink()
-    common = ["-m", "examples.tiny_grpo.rollmux_rank", "--init-method", init, "--job-id", knobs.name,
+    common = ["-m", "rollmux.demo.tiny_grpo.rollmux_rank", "--init-method", init, "--job-id", knobs.name,
               "--iterations", str(knobs.iterations), "--seed", str(knobs.seed), *knobs.flags]
     ranks = {}
     for rank, pool, cpu in ((0, "train", pools.train_cpu), (1, "rollout", pools.rollout_cpu)):

@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.table import Table
 
-from rollmux.sidecar.launch import RunningJob, read_jsonl
-from rollmux.sidecar.report import Summary
+from rollmux.demo.launch import RunningJob, read_jsonl
+from rollmux.demo.report import Summary
 
 
 class LiveView:

@@ -12,13 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from examples.tiny_grpo.grpo import group_advantages, grpo_loss  # noqa: E402
-from examples.tiny_grpo.job import JobConfig, parse_args  # noqa: E402
-from examples.tiny_grpo.task import BOS, EOS, PAD, SEP, reward  # noqa: E402
+from rollmux.demo.tiny_grpo.grpo import group_advantages, grpo_loss  # noqa: E402
+from rollmux.demo.tiny_grpo.job import JobConfig, parse_args  # noqa: E402
+from rollmux.demo.tiny_grpo.task import BOS, EOS, PAD, SEP, reward  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -75,15 +71,15 @@ def test_two_process_job_reward_rises_and_phases_pass_the_hook(tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "examples.tiny_grpo.job",
+            "rollmux.demo.tiny_grpo.job",
             "--iterations",
             str(iterations),
             "--log-file",
             str(log),
             "--phase-hook",
-            "examples.tiny_grpo.hooks:recording_hook",
+            "rollmux.demo.tiny_grpo.hooks:recording_hook",
         ],
-        cwd=ROOT,
+        cwd=tmp_path,
         env=env,
         check=True,
         timeout=280,
@@ -105,8 +101,8 @@ def test_two_process_job_reward_rises_and_phases_pass_the_hook(tmp_path: Path) -
 def _run_job(tmp_path: Path, name: str, *args: str) -> list[dict]:
     log = tmp_path / f"{name}.jsonl"
     subprocess.run(
-        [sys.executable, "-m", "examples.tiny_grpo.job", "--log-file", str(log), *args],
-        cwd=ROOT,
+        [sys.executable, "-m", "rollmux.demo.tiny_grpo.job", "--log-file", str(log), *args],
+        cwd=tmp_path,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         check=True,
         timeout=280,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.sidecar.report import busy_fraction, gantt, order_violations, overlaps, spans, summarize
+from rollmux.demo.report import busy_fraction, gantt, order_violations, overlaps, spans, summarize
 
 
 def rec(job: str, phase: str, it: int, start: float, end: float, node: str | None = None) -> dict:

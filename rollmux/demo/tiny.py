@@ -5,10 +5,13 @@ Steps: (1) start an embedded coordinator and one sidecar per pool (pool = one CP
 (3) register the jobs with those times and run them together through RollMux permits, with a live
 view; (4) print the summary (throughput per core and per job vs solo, bubble fraction per pool) and
 draw the Gantt chart of the interleaved phases.
+
+Torch is imported only by the job processes it starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollmux.sidecar.launch import (
+from rollmux.demo.launch import (
     JobKnobs,
     LaunchError,
     LocalCluster,
@@ -25,7 +28,11 @@ from rollmux.sidecar.launch import (
     interrupt_safe,
     read_jsonl,
 )
-from rollmux.sidecar.report import Summary, gantt, solo_iteration_s, solo_phase_s, summarize
+from rollmux.demo.report import Summary, gantt, solo_iteration_s, solo_phase_s, summarize
+from rollmux.errors import RollMuxError, SpecError
+
+HELP = ("three tiny GRPO jobs run solo, then multiplexed through an embedded coordinator and two "
+        "sidecars (one CPU core per pool); live view, summary and a Gantt PNG")
 
 DEMO_JOBS: tuple[JobKnobs, ...] = (
     JobKnobs(name="rollout-heavy", iterations=0, seed=1,
@@ -55,6 +62,14 @@ class DemoConfig:
     fill_saturated: bool = True  # pack the third job into the (saturated) group while SLOs hold
     live: bool = True  # rich live view
     pools: Pools = Pools()
+
+    def __post_init__(self) -> None:
+        if self.solo_iterations < 2:
+            raise SpecError(f"solo_iterations={self.solo_iterations}: the first solo iteration is warm-up, so at "
+                            "least 2 are needed to measure one; pass --solo-iterations 2 or more")
+        if self.mux_seconds <= 0:
+            raise SpecError(f"mux_seconds={self.mux_seconds}: the multiplexed part needs a positive length; "
+                            "pass --seconds > 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +112,7 @@ def run_demo(cfg: DemoConfig) -> Summary:
     from rich.console import Console
     from rich.live import Live
 
-    from rollmux.sidecar.demo_view import LiveView, summary_table
+    from rollmux.demo.view import LiveView, summary_table
 
     console = Console()
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -160,3 +175,25 @@ class _NullLive:
 
     def update(self, renderable: Any) -> None:
         return None
+
+
+def configure(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--seconds", type=float, default=50.0, help="target length of the multiplexed part")
+    group.add_argument("--solo-iterations", type=int, default=4, help="iterations of each solo measurement")
+    group.add_argument("--rollout-cpu", type=int, default=0, help="CPU core of the rollout pool")
+    group.add_argument("--train-cpu", type=int, default=1, help="CPU core of the training pool")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo from parsed options; 0 when no two phases overlapped and every job kept its order."""
+    try:
+        summary = run_demo(DemoConfig(
+            out=args.out, mux_seconds=args.seconds, solo_iterations=args.solo_iterations, live=not args.no_live,
+            pools=Pools(rollout_cpu=args.rollout_cpu, train_cpu=args.train_cpu)))
+    except KeyboardInterrupt:
+        print("rollmux demo: interrupted; all child processes were stopped")
+        return 130
+    except RollMuxError as exc:
+        print(f"rollmux demo: {exc}")
+        return 1
+    return 0 if summary.overlaps == 0 and summary.order_problems == 0 else 1

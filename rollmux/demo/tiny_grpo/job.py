@@ -1,9 +1,8 @@
 """Entry point of the tiny GRPO job: one trainer process and one rollout process, disaggregated.
 
-Run from the repository root::
+Shipped inside the installed package (``rollmux demo`` runs it); from any directory::
 
-    python -m examples.tiny_grpo.job --iterations 40
-    python examples/tiny_grpo/job.py --help          # same thing, as a script
+    python -m rollmux.demo.tiny_grpo.job --iterations 40
 
 Rank 0 is the trainer, rank 1 the rollout worker; they rendezvous over gloo on localhost. Each
 iteration, in this order:
@@ -40,18 +39,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
-
-if __package__ in (None, ""):  # run as a script: make `examples.tiny_grpo` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.distributed as dist
 
-from examples.tiny_grpo.grpo import group_advantages, grpo_loss
-from examples.tiny_grpo.model import Sample, TinyPolicy, sample, token_logp
-from examples.tiny_grpo.task import PROMPT_LEN, make_prompts, reward
+from rollmux.demo.tiny_grpo.grpo import group_advantages, grpo_loss
+from rollmux.demo.tiny_grpo.model import Sample, TinyPolicy, sample, token_logp
+from rollmux.demo.tiny_grpo.task import PROMPT_LEN, make_prompts, reward
 
 PhaseHook = Callable[[str], AbstractContextManager[Any]]
 """``phase_hook("rollout"|"train"|"sync")`` returns a context manager wrapped around that phase."""
@@ -404,7 +399,7 @@ def run_job(cfg: JobConfig) -> None:
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Build a :class:`JobConfig` from the command line (one flag per field)."""
     parser = argparse.ArgumentParser(
-        prog="python -m examples.tiny_grpo.job",
+        prog="python -m rollmux.demo.tiny_grpo.job",
         description="Tiny disaggregated GRPO job (trainer + rollout process, gloo weight sync).",
     )
     for f in dataclasses.fields(JobConfig):

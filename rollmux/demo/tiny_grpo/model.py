@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from examples.tiny_grpo.task import EOS, PAD, VOCAB
+from rollmux.demo.tiny_grpo.task import EOS, PAD, VOCAB
 
 
 @dataclass(frozen=True, slots=True)
