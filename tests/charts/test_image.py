@@ -46,3 +46,14 @@ def test_the_wheel_the_image_installs_does_not_require_torch(tmp_path: Path) -> 
     torch = [r for r in requires if re.match(r"torch\b", r)]
     assert torch and all("extra ==" in r for r in torch), torch  # torch only behind an extra
     assert any(r.startswith("grpcio") and "extra" not in r for r in requires)
+
+
+def test_the_dockerfile_copies_every_source_folder_the_package_maps() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    copied = set(re.findall(r"^COPY (\S+)/ ", DOCKERFILE.read_text(), re.M))
+    assert folders <= copied, f"Dockerfile does not COPY {sorted(folders - copied)}"
+    readme = project["project"]["readme"]
+    assert re.search(rf"^COPY pyproject.toml {readme} ", DOCKERFILE.read_text(), re.M)
