@@ -44,15 +44,13 @@ from rollmux.coordinator.service.client import (
     Permit,
     PermitTimeoutError,
 )
-from rollmux.model import Phase, Pool
+from rollmux.model import Lease, Migration, Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar.api import (
     PHASES,
     Connection,
     ConnectionState,
     JobAbortedError,
-    Lease,
-    Migration,
     PermitWaitTimeoutError,
     RankLease,
     RankLeaseError,
@@ -204,6 +202,9 @@ class NodeAgent:
                 if job is not None and job.permit is not None and job.permit.epoch == r.epoch:
                     job.permit = None  # stop renewing; its ranks must stop the phase
                     job.last_released_epoch = max(job.last_released_epoch, r.epoch)
+                    for rank in job.live_ranks():
+                        if rank.state is RankState.RUNNING:
+                            rank.move(RankState.IDLE, f"lease epoch {r.epoch} revoked: {r.reason}")
                     self._cv.notify_all()
             self._record("revoked", job=r.job, epoch=r.epoch, reason=r.reason)
             self._fan_out(r.job, ("revoked", r))
@@ -358,7 +359,7 @@ class NodeAgent:
                     p = job.permit
                     if p is not None and (p.phase.value, p.iteration) == want:
                         lease.move(RankState.RUNNING, f"epoch {p.epoch}")
-                        return _lease(p)
+                        return p
                     if job.acquiring is None and not job.releasing and p is None:
                         job.acquiring, lead = want, True
                         break
@@ -477,10 +478,7 @@ class NodeAgent:
             permit = job.permit
         if permit is None or permit.epoch != epoch:
             return None
-        d = job.client.report_progress(permit, finished, total)
-        if d is None:
-            return None
-        return Migration(job=d.job, epoch=d.epoch, keep_nodes=d.keep_nodes, release_nodes=d.release_nodes)
+        return job.client.report_progress(permit, finished, total)
 
     # ------------------------------------------------------------------------------------- views
     def status(self) -> dict[str, Any]:
@@ -505,10 +503,6 @@ class NodeAgent:
                 finally:
                     os.close(fd)
         log.info("%s %s", event, fields)
-
-
-def _lease(p: Permit) -> Lease:
-    return Lease(job=p.job, phase=p.phase.value, iteration=p.iteration, epoch=p.epoch, nodes=p.nodes, ttl_s=p.ttl_s)
 
 
 __all__ = ["AgentConfig", "LocalJob", "NodeAgent"]

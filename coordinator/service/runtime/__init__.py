@@ -41,13 +41,13 @@ from rollmux.coordinator.service.api import JobState, NodeState, PermitState, Se
 from rollmux.coordinator.service.records import GroupRecord, JobRecord, Meta, NodeRecord, PermitRecord, dumps
 from rollmux.coordinator.service.runtime.admission import group_record
 from rollmux.coordinator.service.runtime.leases import ReleaseResult
-from rollmux.coordinator.service.runtime.migration import Migration, MigrationDecision
+from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Clock, Notice, NoticeKind
 from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, transition
 from rollmux.model import ClusterSpec, JobSpec
 
 
-class Runtime(Migration):
+class Runtime(LongTailMigration):
     """All live coordinator state; see the module docstring for the semantics."""
 
     def wait_reason(self, name: str) -> str:
@@ -165,4 +165,4 @@ def resolved_spec(spec: JobSpec, cluster: ClusterSpec) -> JobSpec:
 
 
 
-__all__ = ["Clock", "MigrationDecision", "Notice", "NoticeKind", "ReleaseResult", "Runtime", "resolved_spec"]
+__all__ = ["Clock", "Notice", "NoticeKind", "ReleaseResult", "Runtime", "resolved_spec"]
