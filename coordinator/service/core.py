@@ -21,6 +21,7 @@ from typing import TypeVar
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.service.api import (
+    NodeState,
     NotReadyError,
     PermitState,
     ServiceConfig,
@@ -221,6 +222,8 @@ class Coordinator:
                     self.metrics.bubble_seconds.labels(pool=node.pool.value).inc(dt)
             for pool, n in qlen.items():
                 self.metrics.queue_length.labels(pool=pool.value).set(n)
+                self.metrics.pool_nodes.labels(pool=pool.value).set(
+                    sum(nd.pool is pool and nd.state is NodeState.READY for nd in rt.nodes.values()))
             self.metrics.provisioned_usd_per_h.set(rt.placement.usd_per_h)
             for state in ("pending", "admitted"):
                 self.metrics.jobs.labels(state=state).set(sum(j.state.value == state for j in rt.jobs.values()))
