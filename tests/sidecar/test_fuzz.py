@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from rollmux.coordinator.service import auth
 from rollmux.coordinator.service.api import ServiceConfig, ServiceError
-from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Phase, Pool
 from rollmux.proto import sidecar_v1_pb2 as spb
@@ -59,8 +59,14 @@ class Env:
                                CoordinatorClient(self.srv.address, retry_s=5.0), NoGpuProvider("H20", 1),
                                node_token=auth.node_token(SECRET, "r0")).start()
         assert self.agent.wait_connected(30)
-        self.op.register_node("t0", Pool.TRAIN, gpu_type="H800", gpu_count=1, host_dram_bytes=1 << 40,
-                              token=auth.node_token(SECRET, "t0"))
+        # The training node holds a real stream, as its sidecar would (a node is READY only with one).
+        self.t0 = NodeSession(self.op, "t0", Pool.TRAIN, gpu_type="H800", gpu_count=1, host_dram_bytes=1 << 40,
+                              token=auth.node_token(SECRET, "t0"), heartbeat_s=0.05).start()
+        assert self.t0.connected.wait(10)
+        deadline = time.monotonic() + 10
+        while not any(n.node_id == "t0" and n.state == "ready" for n in self.op.cluster_state().nodes):
+            assert time.monotonic() < deadline, "t0 did not turn ready"
+            time.sleep(0.02)
         self.socket = str(sockdir / "r0.sock")
         self.server = serve(self.agent, self.socket, max_workers=128)
         self.channel = grpc.insecure_channel(f"unix:{self.socket}")
@@ -103,6 +109,7 @@ class Env:
         self.channel.close()
         self.server.stop(0)
         self.agent.stop()
+        self.t0.stop()
         self.op.close()
         self.srv.stop()
 

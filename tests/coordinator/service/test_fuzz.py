@@ -26,12 +26,13 @@ from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 from tests.proto_fuzz import Outcomes, message
 
-from .conftest import job_spec
+from .conftest import add_node, job_spec
 
 SECRET = "fuzz-secret"
 EXAMPLES = 300
 FORBIDDEN = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 NODES = {"r0": Pool.ROLLOUT, "r1": Pool.ROLLOUT, "t0": Pool.TRAIN, "d0": Pool.TRAIN}
+HOSTS = ("r0", "r1", "t0")
 """r0, r1, t0 host the jobs; d0 is the node fuzzed calls may drain and stream for."""
 
 
@@ -43,9 +44,11 @@ class Env:
             lease_ttl_s=120.0, max_wait_s=0.2, reap_interval_s=0.05, heartbeat_interval_s=0.5)))
         assert self.srv.wait_ready(10)
         self.op = CoordinatorClient(self.srv.address, token=auth.operator_token(SECRET), retry_s=5.0)
-        for node, pool in NODES.items():
-            self.op.register_node(node, pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
-                                  host_dram_bytes=2 * 10**12, token=auth.node_token(SECRET, node))
+        self.op.register_node("d0", NODES["d0"], gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12,
+                              token=auth.node_token(SECRET, "d0"))
+        # The job's nodes hold real streams, as their sidecars would (a node is READY only with one).
+        self.sessions = [add_node(self.op, node, NODES[node], token=auth.node_token(SECRET, node))
+                         for node in HOSTS]
         self.fz = self.op.register_job(job_spec("fz"))
         self.fz.acquire(Phase.ROLLOUT, 0, timeout_s=5)
         self.channel = grpc.insecure_channel(self.srv.address, options=[("grpc.max_send_message_length", 64 << 20)])
@@ -64,11 +67,13 @@ class Env:
 
     def wait_streams_closed(self) -> None:
         deadline = time.monotonic() + 5
-        while self.srv.run(lambda: bool(self.srv.core.rt.connected)) and time.monotonic() < deadline:
+        while self.srv.run(lambda: bool(set(self.srv.core.rt.connected) - set(HOSTS))) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.02)
 
     def close(self) -> None:
+        for session in self.sessions:
+            session.stop()
         self.channel.close()
         self.op.close()
         self.srv.stop()
