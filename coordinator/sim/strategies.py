@@ -14,8 +14,8 @@ from rollmux.coordinator.sim.dedicated import DedicatedStrategy
 from rollmux.coordinator.sim.driver import GroupStrategy
 from rollmux.model import JobSpec
 
-ALL_POLICIES = ("rollmux", "solo-d", "colocate", "gavel+", "random", "most-idle", "opt")
-DEFAULT_POLICIES = ALL_POLICIES[:-1]  # opt only on request: it is exponential
+ALL_POLICIES = ("rollmux", "solo-d", "colocate", "gavel+", "random", "most-idle", "rollmux-alg1", "opt")
+DEFAULT_POLICIES = ALL_POLICIES[:-2]  # Algorithm 1 alone and opt only on request (opt is exponential)
 
 
 def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimStrategy:
@@ -26,7 +26,10 @@ def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimSt
     """
     config = PolicyConfig(max_group_size=ctx.max_group_size)
     if name == "rollmux":
-        return GroupStrategy(name, RollMuxPolicy(config))
+        return GroupStrategy(name, RollMuxPolicy(ctx.policy_config or config))
+    if name == "rollmux-alg1":  # the paper's Algorithm 1 alone: no modes, worst-case times, no regrouping
+        return GroupStrategy(name, RollMuxPolicy(PolicyConfig(max_group_size=ctx.max_group_size, modes=False,
+                                                              learn=False, regroup=False)))
     if name == "solo-d":
         return GroupStrategy(name, SoloDPolicy())
     if name == "random":

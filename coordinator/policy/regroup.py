@@ -1,0 +1,195 @@
+"""Regrouping: relocate running jobs between groups when the $ saved pays for the move.
+
+Online placement commits in arrival order and never looks back; groups thin out as members
+leave. `plan_moves` looks at a few jobs (the one that just arrived, the members of a group a job
+just left, a member at SLO risk) and proposes relocations at iteration boundaries:
+
+- **single move**: take job m out of its group G (releasing the nodes only m uses, or all of G
+  when m is alone) and place it where the policy puts it with G excluded;
+- **pair merge**: two jobs that each sit alone become one disaggregated group (the first keeps
+  an isolated shape, the second joins it) when that is cheaper than the two lone groups.
+
+A relocation costs what the real system pays: stop at an iteration boundary, checkpoint, restart
+the actors on other nodes and reload state (`relocation_s`: `restart_s` plus rollout and train
+state per node over `checkpoint_gb_s`). A move is taken only when its saving over the job's
+remaining run is at least `regroup_payback` times the job's own $ for that downtime, and when the
+downtime fits the job's SLO slack over its remaining iterations. The simulator charges the
+downtime to the moved job. The plan is pure data; `apply_moves` carries it out on a ClusterState.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
+from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
+from rollmux.coordinator.policy.state import ClusterState, GroupState
+from rollmux.model import GB, Deployment, JobSpec, Pool
+
+RemainingFn = Callable[[str], float]
+"""job name -> seconds of solo-speed work it still has to do (0 when unknown: never moved)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Move:
+    """Relocate `job` out of `from_group` into `decision` (applied after it leaves)."""
+
+    job: str
+    from_group: str
+    decision: PlacementDecision
+    saving_usd_per_h: float  # cluster $/h before minus after the whole plan step this move belongs to
+    downtime_s: float  # checkpoint + restart + reload the job pays
+    reason: str
+
+
+def relocation_s(job: JobSpec, config: PolicyConfig) -> float:
+    """Seconds a relocated job makes no progress: restart plus checkpoint and reload of its state."""
+    state_gb = ((job.rollout_state_bytes or 0) + (job.train_state_bytes or 0)) / GB
+    return config.restart_s + state_gb / config.checkpoint_gb_s
+
+
+def freed_usd_per_h(group: GroupState, name: str) -> float:
+    """$/h released if member `name` leaves `group` (its exclusive rollout nodes, or the whole group)."""
+    if len(group.members) == 1:
+        return group.usd_per_h
+    c = group._cluster  # noqa: SLF001  (same package: the group's own price table)
+    alone = sum(1 for n in group.members[name].rollout_nodes if group.rollout[n].jobs == [name])
+    return alone * c.node_usd_per_h(Pool.ROLLOUT)
+
+
+def _worth_it(job: JobSpec, saving: float, downtime_s: float, remaining_s: float, config: PolicyConfig,
+              state: ClusterState) -> bool:
+    """Saving over the remaining run >= payback x the job's own $ during the downtime, and SLO slack left."""
+    if saving <= 1e-9 or remaining_s <= 0:
+        return False
+    own = isolated_cost(job, state.cluster)
+    if saving * remaining_s < config.regroup_payback * own * downtime_s:
+        return False
+    slack = (job.slo - 1.0) * remaining_s  # what the SLO lets the job lose over its remaining run
+    return downtime_s <= 0.5 * slack
+
+
+def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], remaining: RemainingFn) -> list[Move]:
+    """Relocations worth making for `jobs` (names of placed jobs), best first; at most one per job."""
+    if not policy.config.regroup:
+        return []
+    for name in jobs:
+        gid = state.job_group.get(name)
+        if gid is None:
+            continue
+        moves = _single_move(state, policy, name, gid, remaining(name)) or _pair_merge(state, policy, name, gid, remaining)
+        if moves:
+            return moves  # the state changes once a plan is applied; the caller asks again
+    return []
+
+
+def _single_move(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining_s: float) -> list[Move] | None:
+    group = state.groups[gid]
+    member = group.members[name]
+    freed = freed_usd_per_h(group, name)
+    if freed <= 0:
+        return None
+    spec = member.spec
+    decision = policy.place(spec, state, exclude=gid)
+    saving = freed - decision.delta_usd_per_h
+    down = relocation_s(spec, policy.config)
+    if not _worth_it(spec, saving, down, remaining_s, policy.config, state):
+        return None
+    return [Move(job=name, from_group=gid, decision=decision, saving_usd_per_h=saving, downtime_s=down,
+                 reason=f"frees ${freed:,.2f}/h in {gid}, costs +${decision.delta_usd_per_h:,.2f}/h "
+                        f"{decision.deployment.value} in {decision.group_id or 'a new group'}")]
+
+
+def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining: RemainingFn) -> list[Move] | None:
+    """`name` alone in `gid` and another job alone elsewhere: one disaggregated group for both?"""
+    group = state.groups[gid]
+    if len(group.members) != 1:
+        return None
+    a = group.members[name].spec
+    config = policy.config
+    best: tuple[float, list[Move]] | None = None
+    for other in state.groups.values():
+        if other.group_id == gid or len(other.members) != 1:
+            continue
+        (b_name, b_member), = other.members.items()
+        b = b_member.spec
+        if Deployment.DISAGGREGATED not in _allowed(a, config) or Deployment.DISAGGREGATED not in _allowed(b, config):
+            continue
+        cost = _pair_cost(a, b, state)
+        if cost is None:
+            continue
+        saving = group.usd_per_h + other.usd_per_h - cost[0]
+        if best is not None and saving <= best[0]:
+            continue
+        da, db = relocation_s(a, config), relocation_s(b, config)
+        if not (_worth_it(a, saving / 2, da, remaining(name), config, state)
+                and _worth_it(b, saving / 2, db, remaining(b_name), config, state)):
+            continue
+        iso, join = cost[1], cost[2]
+        where = {name: gid, b_name: other.group_id}
+        down = {name: da, b_name: db}
+        why = f"{name} and {b_name} alone (${group.usd_per_h + other.usd_per_h:,.2f}/h) share one group (${cost[0]:,.2f}/h)"
+        best = (saving, [Move(job=d.job, from_group=where[d.job], decision=d, saving_usd_per_h=saving,
+                              downtime_s=down[d.job], reason=why) for d in (iso, join)])
+    return best[1] if best else None
+
+
+def _allowed(job: JobSpec, config: PolicyConfig) -> tuple[Deployment, ...]:
+    from rollmux.coordinator.policy.placement import allowed_modes
+
+    return allowed_modes(job, config)
+
+
+_PAIR_GROUP = "<pair>"
+
+
+def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState) -> tuple[float, PlacementDecision, PlacementDecision] | None:
+    """$/h of a disaggregated group holding a (isolated shape) and then b, with both decisions; None if infeasible."""
+    cluster = state.cluster
+    if b.n_train_gpus > a.n_train_gpus:
+        a, b = b, a  # the larger training pool hosts the pair (the pool is never grown)
+    if cluster.nodes_for(b.n_train_gpus) > cluster.nodes_for(a.n_train_gpus):
+        return None
+    r_nodes = tuple(f"{_PAIR_GROUP}r{i}" for i in range(cluster.nodes_for(a.n_rollout_gpus)))
+    scratch = GroupState(_PAIR_GROUP, cluster, tuple(f"{_PAIR_GROUP}t{i}" for i in range(cluster.nodes_for(a.n_train_gpus))),
+                         cluster.host_dram_bytes)
+    for n in r_nodes:
+        scratch.add_rollout_node(n, cluster.host_dram_bytes)
+    scratch.add_member(a, r_nodes, Deployment.DISAGGREGATED)
+    if scratch.train_dram_used_bytes + (b.train_state_bytes or 0) >= scratch.train_dram_bytes:
+        return None
+    node_price = cluster.node_usd_per_h(Pool.ROLLOUT)
+    cands, _ = candidates(scratch, b, cluster, (Deployment.DISAGGREGATED,))
+    for cand in cands:
+        periods, rejected = slo_check(cand, b, PolicyConfig())
+        if rejected is None and periods is not None:
+            iso = PlacementDecision(job=a.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
+                                    new_rollout_nodes=len(r_nodes), new_train_nodes=len(scratch.train_nodes),
+                                    delta_usd_per_h=scratch.usd_per_h, reason="pair merge: first of two")
+            join = PlacementDecision(job=b.name, strategy=cand.strategy, group_id=_PAIR_GROUP,
+                                     rollout_nodes=cand.existing_nodes, new_rollout_nodes=cand.new_nodes,
+                                     new_train_nodes=0, delta_usd_per_h=cand.new_nodes * node_price,
+                                     t_coexec_s=periods, reason=f"pair merge: joins {a.name}")
+            return scratch.usd_per_h + cand.new_nodes * node_price, iso, join
+    return None
+
+
+def apply_moves(state: ClusterState, moves: Sequence[Move]) -> list[str]:
+    """Carry out `moves` in order; returns the node ids released. A pair's second move joins the first's new group."""
+    released: list[str] = []
+    specs = {m.job: state.groups[m.from_group].members[m.job].spec for m in moves}
+    for m in moves:
+        released += state.remove_job(m.job)
+    pair: GroupState | None = None
+    for m in moves:
+        decision = m.decision
+        if decision.group_id == _PAIR_GROUP:
+            assert pair is not None, "a pair merge's join comes after its isolated move"
+            real = list(pair.rollout)  # scratch node i is the pair group's i-th rollout node
+            decision = replace(decision, group_id=pair.group_id,
+                               rollout_nodes=tuple(real[int(n.removeprefix(f"{_PAIR_GROUP}r"))] for n in decision.rollout_nodes))
+        group = state.apply(specs[m.job], decision)
+        if decision.strategy is Strategy.ISOLATED:
+            pair = group
+    return released
