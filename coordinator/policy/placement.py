@@ -24,7 +24,8 @@ decision fast at thousands of jobs without changing its outcome.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from rollmux.coordinator.policy.api import (
     PlacementDecision,
@@ -37,7 +38,7 @@ from rollmux.coordinator.policy.api import (
 )
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.intra_group import cycle_time
-from rollmux.coordinator.policy.state import ClusterState, GroupState, Member
+from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool
 
 
@@ -54,9 +55,9 @@ class Candidate:
     def strategy(self) -> Strategy:
         return Strategy.DIRECT_PACKING if self.new_nodes == 0 else Strategy.ROLLOUT_SCALING
 
-    def member(self, job: JobSpec) -> Member:
+    def member(self, job: JobSpec, profile: PhaseProfile | None = None) -> Member:
         new_ids = tuple(f"<new{i}>" for i in range(self.new_nodes))
-        return self.group.make_member(job, self.existing_nodes + new_ids, self.deployment)
+        return self.group.make_member(job, self.existing_nodes + new_ids, self.deployment, profile)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,7 +107,8 @@ def new_group_options(job: JobSpec, cluster: ClusterSpec, allowed: tuple[Deploym
 
 
 def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
-                       allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,)) -> Rejection | None:
+                       allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
+                       profile: PhaseProfile | None = None) -> Rejection | None:
     """Step 1: reasons to skip a group before looking at any placement in it."""
     gid = group.group_id
     if len(group.members) >= config.max_group_size:
@@ -125,7 +127,7 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
                          message=f"memory on training nodes {','.join(group.train_nodes)}: "
                                  f"{(group.train_dram_used_bytes + job.train_state_bytes) / 1e9:.1f} GB "
                                  f">= {group.train_dram_bytes / 1e9:.1f} GB")
-    return slo_bound_rejection(group, job, config, allowed)
+    return slo_bound_rejection(group, job, config, allowed, profile)
 
 
 def _mode_lower_bound(group: GroupState, member: Member) -> float:
@@ -135,14 +137,15 @@ def _mode_lower_bound(group: GroupState, member: Member) -> float:
 
 
 def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
-                        allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,)) -> Rejection | None:
+                        allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
+                        profile: PhaseProfile | None = None) -> Rejection | None:
     """Whole-group SLO pruning: no placement can beat max(T_cycle', training-pool load', node loads).
 
     Every member of a group shares one period, which is at least each of those loads; if that
     bound already exceeds the tightest SLO budget in every allowed mode, nothing needs simulating.
     """
-    lower = min(_mode_lower_bound(group, group.make_member(job, (), m)) for m in allowed if group.allows(m))
-    job_budget = job.slo * job.t_solo_s
+    lower = min(_mode_lower_bound(group, group.make_member(job, (), m, profile)) for m in allowed if group.allows(m))
+    job_budget = job.slo * (profile.t_solo_s if profile else job.t_solo_s)
     budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
     if lower <= budget * (1.0 + config.slo_tolerance):
         return None
@@ -183,10 +186,11 @@ def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec,
     return out, memory_note
 
 
-def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig) -> tuple[dict[str, float] | None, Rejection | None]:
+def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig,
+              profile: PhaseProfile | None = None) -> tuple[dict[str, float] | None, Rejection | None]:
     """Step 3: simulate the intra-group schedule with the job added; reject on any SLO breach."""
     group = cand.group
-    member = cand.member(job)
+    member = cand.member(job, profile)
     # Cheap necessary condition first: every member's period is at least max(T_cycle', T_load').
     node_loads = [group.rollout[n].load_s + member.t_roll_s for n in cand.existing_nodes]
     lower = max([_mode_lower_bound(group, member), *node_loads])
@@ -213,6 +217,12 @@ def _slo_rejection(cand: Candidate, job: JobSpec, periods: dict[str, float]) -> 
                              f"(+{cand.new_nodes} rollout nodes{how})")
 
 
+class PhaseLearnerLike(Protocol):
+    def prior(self, job: JobSpec) -> PhaseProfile: ...
+
+    def shrink(self) -> tuple[float, float]: ...
+
+
 class RollMuxPolicy:
     """Cost-minimising placement under SLO and host-memory limits (paper Algorithm 1, with deployment modes)."""
 
@@ -220,22 +230,36 @@ class RollMuxPolicy:
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
+        self.learner: PhaseLearnerLike | None = None  # set by whoever feeds measured times (sim, coordinator)
+
+    def initial_profile(self, job: JobSpec) -> PhaseProfile:
+        """How a job without measurements is planned: its worst case, judged against the fleet's learned prior."""
+        if self.learner is not None and self.config.learn:
+            return self.learner.prior(job)
+        return PhaseProfile.planned(job)
 
     def place(self, job: JobSpec, state: ClusterState, exclude: str | None = None) -> PlacementDecision:
         """Where `job` goes; `exclude` names a group not to consider (relocating a member out of it)."""
         if not job.has_times or job.rollout_state_bytes is None or job.train_state_bytes is None:
             raise PolicyError(f"job {job.name} is not resolved: call profiler.resolve() before placing it")
         allowed = allowed_modes(job, self.config)
+        profile = self.initial_profile(job)
         rejections: list[Rejection] = []
-        best = self._best_join(job, state, allowed, exclude, rejections)
-        options = new_group_options(job, state.cluster, allowed)
-        budget = job.slo * job.t_solo_s * (1.0 + self.config.slo_tolerance)
+        best = self._best_join(job, state, allowed, exclude, rejections, profile)
+        # A lone job's slowdown is its own time there over its own solo time: compare them on the
+        # same (prior-shrunk) times, as its owner would measure both.
+        lone = job
+        if self.learner is not None and self.config.learn:
+            r, t = self.learner.shrink()
+            lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
+        options = new_group_options(lone, state.cluster, allowed)
+        budget = job.slo * lone.t_solo_s * (1.0 + self.config.slo_tolerance)
         feasible = [o for o in options if o.planned_s <= budget]
         for o in options:
             if o not in feasible:
                 rejections.append(Rejection(group_id="new", strategy=Strategy.ISOLATED, reason=RejectReason.SLO,
                                             message=f"{o.deployment.value} alone on {o.train_nodes} {o.train_pool.value} "
-                                                    f"node(s): {o.planned_s / job.t_solo_s:.2f} > {job.slo:.2f}"))
+                                                    f"node(s): {o.planned_s / lone.t_solo_s:.2f} > {job.slo:.2f}"))
         if not feasible:  # nothing meets the SLO alone (a fixed co-located mode that is too slow): run it anyway
             feasible = options[:1] if best is None else []
         fresh = min(feasible, key=lambda o: o.usd_per_h, default=None)
@@ -252,13 +276,13 @@ class RollMuxPolicy:
         return PlacementDecision(
             job=job.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
             new_rollout_nodes=fresh.rollout_nodes, new_train_nodes=fresh.train_nodes, delta_usd_per_h=fresh.usd_per_h,
-            t_coexec_s={job.name: fresh.planned_s}, rejections=tuple(rejections), deployment=fresh.deployment,
+            t_coexec_s={job.name: fresh.planned_s * job.t_solo_s / lone.t_solo_s}, rejections=tuple(rejections), deployment=fresh.deployment,
             train_pool=fresh.train_pool,
             reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
-                   f"(planned slowdown {fresh.planned_s / job.t_solo_s:.2f} <= SLO {job.slo:.2f}) of {reason}")
+                   f"(planned slowdown {fresh.planned_s / lone.t_solo_s:.2f} <= SLO {job.slo:.2f}) of {reason}")
 
     def _best_join(self, job: JobSpec, state: ClusterState, allowed: tuple[Deployment, ...], exclude: str | None,
-                   rejections: list[Rejection]) -> tuple[float, Candidate, dict[str, float]] | None:
+                   rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:
         """Steps 1-3 over the existing groups: the cheapest feasible join, ties to the earlier group."""
         cluster = state.cluster
         node_price = cluster.node_usd_per_h(Pool.ROLLOUT)
@@ -280,7 +304,7 @@ class RollMuxPolicy:
                 break
             if group.group_id == exclude:
                 continue
-            pruned = group_prune_reason(group, job, self.config, allowed)
+            pruned = group_prune_reason(group, job, self.config, allowed, profile)
             if pruned is not None:
                 rejections.append(pruned)
                 continue
@@ -291,7 +315,7 @@ class RollMuxPolicy:
                 delta = cand.new_nodes * node_price
                 if best is not None and delta >= best[0]:
                     break  # cheaper-first order: nothing further in this group can win
-                periods, rejected = slo_check(cand, job, self.config)
+                periods, rejected = slo_check(cand, job, self.config, profile)
                 if rejected is not None:
                     rejections.append(rejected)
                     continue

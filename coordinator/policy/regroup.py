@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
+from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.model import GB, Deployment, JobSpec, Pool
@@ -58,16 +59,28 @@ def freed_usd_per_h(group: GroupState, name: str) -> float:
     return alone * c.node_usd_per_h(Pool.ROLLOUT)
 
 
+SLACK_SHARE = 0.25
+"""Share of the SLO slack left after a move that its downtime may use (runtime times are shorter
+than the plan's, so a realised solo iteration is the stricter yardstick)."""
+
+
 def _worth_it(job: JobSpec, saving: float, downtime_s: float, remaining_s: float, config: PolicyConfig,
-              state: ClusterState) -> bool:
-    """Saving over the remaining run >= payback x the job's own $ during the downtime, and SLO slack left."""
+              state: ClusterState, slowdown_after: float = 1.0) -> bool:
+    """Saving over the remaining run >= payback x the job's own $ during the downtime, and SLO slack left.
+
+    `slowdown_after` is the job's planned slowdown where it goes; the downtime must fit in
+    `SLACK_SHARE` of what its SLO still allows over its remaining run at that slowdown.
+    """
     if saving <= 1e-9 or remaining_s <= 0:
         return False
     own = isolated_cost(job, state.cluster)
     if saving * remaining_s < config.regroup_payback * own * downtime_s:
         return False
-    slack = (job.slo - 1.0) * remaining_s  # what the SLO lets the job lose over its remaining run
-    return downtime_s <= 0.5 * slack
+    return downtime_s <= SLACK_SHARE * (job.slo - slowdown_after) * remaining_s
+
+
+def _slowdown(decision: PlacementDecision, job: JobSpec) -> float:
+    return decision.t_coexec_s.get(job.name, job.t_solo_s) / job.t_solo_s
 
 
 def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], remaining: RemainingFn) -> list[Move]:
@@ -94,7 +107,7 @@ def _single_move(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str
     decision = policy.place(spec, state, exclude=gid)
     saving = freed - decision.delta_usd_per_h
     down = relocation_s(spec, policy.config)
-    if not _worth_it(spec, saving, down, remaining_s, policy.config, state):
+    if not _worth_it(spec, saving, down, remaining_s, policy.config, state, _slowdown(decision, spec)):
         return None
     return [Move(job=name, from_group=gid, decision=decision, saving_usd_per_h=saving, downtime_s=down,
                  reason=f"frees ${freed:,.2f}/h in {gid}, costs +${decision.delta_usd_per_h:,.2f}/h "
@@ -127,6 +140,9 @@ def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
                 and _worth_it(b, saving / 2, db, remaining(b_name), config, state)):
             continue
         iso, join = cost[1], cost[2]
+        if not all(_worth_it(sp, saving / 2, relocation_s(sp, config), remaining(sp.name), config, state, _slowdown(d, sp))
+                   for sp, d in ((a, iso if iso.job == a.name else join), (b, join if join.job == b.name else iso))):
+            continue
         where = {name: gid, b_name: other.group_id}
         down = {name: da, b_name: db}
         why = f"{name} and {b_name} alone (${group.usd_per_h + other.usd_per_h:,.2f}/h) share one group (${cost[0]:,.2f}/h)"
@@ -178,7 +194,7 @@ def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState) -> tuple[float, Plac
 def apply_moves(state: ClusterState, moves: Sequence[Move]) -> list[str]:
     """Carry out `moves` in order; returns the node ids released. A pair's second move joins the first's new group."""
     released: list[str] = []
-    specs = {m.job: state.groups[m.from_group].members[m.job].spec for m in moves}
+    specs = {m.job: state.groups[m.from_group].members[m.job].spec for m in moves}  # the submitted specs
     for m in moves:
         released += state.remove_job(m.job)
     pair: GroupState | None = None
@@ -193,3 +209,35 @@ def apply_moves(state: ClusterState, moves: Sequence[Move]) -> list[str]:
         if decision.strategy is Strategy.ISOLATED:
             pair = group
     return released
+
+
+RISK_MARGIN = 0.97
+"""A member is at risk when its predicted period exceeds this share of its SLO budget: the realised
+period of random phase times sits above the period of their percentiles' fixed times."""
+
+
+def slo_risks(group: GroupState, config: PolicyConfig) -> list[str]:
+    """Members whose predicted period (current profiles, learned where confident) nears their SLO, worst first."""
+    if not group.members:
+        return []
+    period = cycle_time(group.timings())
+    over = {n: period / m.budget_s for n, m in group.members.items() if period > m.budget_s * RISK_MARGIN}
+    return sorted(over, key=lambda n: -over[n])
+
+
+def plan_rescue(state: ClusterState, policy: RollMuxPolicy, name: str) -> list[Move]:
+    """Move member `name`, whose SLO is at risk in its group, to wherever the policy now places it.
+
+    It is planned with its learned times; an SLO outranks cost, so the move is taken whatever it
+    saves. Returns [] when the policy would leave it where it is.
+    """
+    gid = state.job_group[name]
+    member = state.groups[gid].members[name]
+    spec = member.spec
+    if member.profile.learned:
+        spec = replace(spec, t_roll_s=member.profile.t_roll_s, t_train_s=member.profile.t_train_s)
+    decision = policy.place(spec, state, exclude=gid)
+    freed = freed_usd_per_h(state.groups[gid], name)
+    return [Move(job=name, from_group=gid, decision=decision, saving_usd_per_h=freed - decision.delta_usd_per_h,
+                 downtime_s=relocation_s(member.spec, policy.config),
+                 reason=f"SLO risk in {gid}: moves to {decision.deployment.value} in {decision.group_id or 'a new group'}")]

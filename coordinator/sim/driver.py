@@ -14,6 +14,11 @@ driver asks `policy.regroup.plan_moves` whether relocating the arrived job, or t
 group a job just left, saves enough to pay for the move; a moved job keeps its iterations and
 pays the relocation downtime (checkpoint, restart, reload) before its next phase.
 
+Learned phase times (`PolicyConfig.learn`, RollMux only): every finished iteration's realised
+phase times go to a `PhaseLearner`; when a member has `learn_min_samples` of them (a learning event
+ends its segment then) the group plans it with the learned profile, and a member the learned
+times show to be over its SLO is relocated (`regroup.plan_rescue`), once.
+
 Events at the same instant: departures first, so a job that finishes as another arrives frees
 its share of the group before the policy looks at it.
 """
@@ -28,7 +33,8 @@ from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.placement import RollMuxPolicy
-from rollmux.coordinator.policy.regroup import apply_moves, plan_moves
+from rollmux.coordinator.policy.learning import PhaseLearner
+from rollmux.coordinator.policy.regroup import Move, apply_moves, plan_moves, plan_rescue, slo_risks
 from rollmux.coordinator.policy.intra_group import (
     TRAIN_POOL,
     MemberTiming,
@@ -49,7 +55,8 @@ from rollmux.coordinator.sim.api import (
 from rollmux.coordinator.sim.runtime import JobDraws
 from rollmux.model import JobSpec, Phase, Pool
 
-_DEPARTURE, _ARRIVAL = 0, 1  # heap order at equal times
+_DEPARTURE, _ARRIVAL, _LEARN = 0, 1, 2  # heap order at equal times
+MAX_MOVES = 2  # relocations one job may take (each costs it a restart)
 
 
 @dataclass(slots=True)
@@ -91,6 +98,11 @@ class _Replay:
         self.busy = {Pool.ROLLOUT.value: 0.0, Pool.TRAIN.value: 0.0}
         self.intervals: dict[str, list[PhaseInterval]] = {}
         self.relocations = 0
+        config = policy.config if isinstance(policy, RollMuxPolicy) else None
+        self.learner = PhaseLearner(config) if config is not None and config.learn else None
+        if self.learner is not None:
+            policy.learner = self.learner  # type: ignore[attr-defined]
+        self.moved: dict[str, int] = {}  # job -> relocations so far
         for j in trace:
             heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
 
@@ -106,7 +118,9 @@ class _Replay:
                 self._settle(key, t)
                 if key in self.state.groups:
                     self._start_segment(key, t)
-                    self._regroup(list(self.state.groups[key].members), t)
+                    self._rescue(key, t)
+                    if kind == _DEPARTURE and key in self.state.groups:
+                        self._regroup(list(self.state.groups[key].members), t)
             else:
                 continue  # a stale departure: the group changed since it was predicted
             self.timeline.append(TimelinePoint(
@@ -127,17 +141,34 @@ class _Replay:
         if decision.group_id is not None:
             self._settle(decision.group_id, t)
         group = self.state.apply(spec, decision)
+        if self.learner is not None:
+            self.learner.register(spec)
+            group.set_profile(job_id, self.policy.initial_profile(spec))  # type: ignore[attr-defined]
         self._start_segment(group.group_id, t)
 
     def _remaining_s(self, job_id: str) -> float:
+        """Solo seconds of work left (0 once a job was moved `MAX_MOVES` times: it stays put)."""
         job = self.trace[job_id]
+        if self.moved.get(job_id, 0) >= MAX_MOVES:
+            return 0.0
         return (job.iterations - self.jobs[job_id].done_iters) * (job.t_roll_s + job.t_train_s)
 
     def _regroup(self, names: list[str], t: float) -> None:
         """Relocate jobs where the policy finds it worth the move (RollMux with regrouping on)."""
         if not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
             return
-        moves = plan_moves(self.state, self.policy, names, self._remaining_s)
+        self._relocate(plan_moves(self.state, self.policy, names, self._remaining_s), t)
+
+    def _rescue(self, gid: str, t: float) -> None:
+        """Move out a member whose learned times put it over its SLO (each job once)."""
+        if self.learner is None or not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
+            return
+        for name in slo_risks(self.state.groups[gid], self.policy.config):
+            if self.moved.get(name, 0) < MAX_MOVES and self.state.groups[gid].members[name].profile.learned:
+                self._relocate(plan_rescue(self.state, self.policy, name), t)
+                return
+
+    def _relocate(self, moves: list[Move], t: float) -> None:
         if not moves:
             return
         touched = {m.from_group for m in moves} | {m.decision.group_id for m in moves if m.decision.group_id in self.state.groups}
@@ -151,6 +182,7 @@ class _Replay:
         apply_moves(self.state, moves)
         for m in moves:
             self.jobs[m.job].roll_done_s -= m.downtime_s  # paid before its next Rollout
+            self.moved[m.job] = self.moved.get(m.job, 0) + 1
             touched.add(self.state.job_group[m.job])
         self.relocations += len(moves)
         for gid in touched & set(self.state.groups):
@@ -160,6 +192,16 @@ class _Replay:
     def _start_segment(self, gid: str, t: float) -> None:
         group = self.state.groups[gid]
         members = list(group.members)
+        learning = []  # members still short of a confident profile
+        if self.learner is not None:
+            for j in members:
+                profile = self.learner.profile(self.specs[j])
+                if profile is not None and profile != group.members[j].profile:
+                    group.set_profile(j, profile)
+                if profile is None:
+                    learning.append(self.policy.config.learn_min_samples - self.learner.samples(j))  # type: ignore[attr-defined]
+                else:
+                    learning.append(0)
         needed = [self.trace[j].iterations - self.jobs[j].done_iters for j in members]
         n_iter = min(needed)
         timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes,
@@ -177,6 +219,9 @@ class _Replay:
         finish = min(seg.by_job[j][2 * n_iter - 1].end_s for j, k in zip(members, needed) if k == n_iter)
         self.version[gid] = self.version.get(gid, 0) + 1
         heapq.heappush(self.events, (finish, _DEPARTURE, next(self.seq), gid, self.version[gid]))
+        learned_at = [seg.by_job[j][2 * k - 1].end_s for j, k in zip(members, learning) if 0 < k <= n_iter]
+        if learned_at and min(learned_at) < finish:
+            heapq.heappush(self.events, (min(learned_at), _LEARN, next(self.seq), gid, self.version[gid]))
 
     def _phase_time_fn(self, group: GroupState, members: list[str]) -> tuple[PhaseTimeFn, ReleaseFn | None]:
         """Per-iteration phase durations of the members, and when each rollout hands its nodes on."""
@@ -244,6 +289,10 @@ class _Replay:
                                 nodes=iv.nodes, released_s=None if iv.released_s is None else min(iv.released_s, t)))
                 if train.end_s <= t:
                     completed += 1
+                    if self.learner is not None:
+                        d = self.ctx.draws[j]
+                        it = prog.done_iters + completed - 1
+                        self.learner.observe(j, float(d.roll_s[it]), float(d.train_s[it]) + d.flat_sync_extra_s)
                     continue
                 roll_elapsed = max(0.0, min(roll.end_s, t) - roll.start_s)
                 train_elapsed = max(0.0, min(train.end_s, t) - train.start_s)
@@ -275,6 +324,8 @@ class _Replay:
             solo_iteration_s=self.ctx.draws[job_id].solo_iteration_s, slo=job.slo,
             planned_solo_s=job.t_roll_s + job.t_train_s, group_id=gid)
         self.state.remove_job(job_id)
+        if self.learner is not None:
+            self.learner.forget(job_id)
 
 
 class GroupStrategy:
