@@ -41,6 +41,11 @@ from rollmux.coordinator.sim.metrics import PolicySummary, summarize  # noqa: E4
 from rollmux.coordinator.sim.trace import to_job_specs  # noqa: E402
 from rollmux.coordinator.sim.workload import generate  # noqa: E402
 
+try:  # regrouping, where this version of the policy has it
+    from rollmux.coordinator.policy.regroup import place_batch
+except ImportError:  # pragma: no cover - the policy before issue 14 had none
+    place_batch = None
+
 try:  # the policy switches of `rollmux simulate`, where this version has them
     from rollmux.coordinator.sim.cli import add_policy_switches, policy_config_from
 except ImportError:  # pragma: no cover - the policy before issue 14 had none
@@ -116,11 +121,11 @@ def opt_gap(instances: int, config: PolicyConfig) -> list[float]:
     for i in range(instances):
         jobs = mixed_jobs(8, i)
         state, policy = ClusterState(), RollMuxPolicy(config)
-        for job in jobs:
-            state.apply(job, policy.place(job, state))
-        finish = getattr(policy, "finish_batch", None)  # offline consolidation, where the policy has it
-        if finish is not None:
-            finish(state)
+        if place_batch is not None:  # with regrouping after each arrival, as the simulator does
+            place_batch(jobs, state, policy)
+        else:
+            for job in jobs:
+                state.apply(job, policy.place(job, state))
         ratios.append(state.usd_per_h / optimal_partition(jobs, state.cluster, config).usd_per_h)
     return ratios
 

@@ -225,11 +225,12 @@ def slo_risks(group: GroupState, config: PolicyConfig) -> list[str]:
     return sorted(over, key=lambda n: -over[n])
 
 
-def plan_rescue(state: ClusterState, policy: RollMuxPolicy, name: str) -> list[Move]:
+def plan_rescue(state: ClusterState, policy: RollMuxPolicy, name: str, remaining_s: float) -> list[Move]:
     """Move member `name`, whose SLO is at risk in its group, to wherever the policy now places it.
 
     It is planned with its learned times; an SLO outranks cost, so the move is taken whatever it
-    saves. Returns [] when the policy would leave it where it is.
+    saves, but only if its downtime fits the SLO slack it will have there over `remaining_s`
+    (else moving would break the SLO it is meant to save). Returns [] to leave it where it is.
     """
     gid = state.job_group[name]
     member = state.groups[gid].members[name]
@@ -237,7 +238,28 @@ def plan_rescue(state: ClusterState, policy: RollMuxPolicy, name: str) -> list[M
     if member.profile.learned:
         spec = replace(spec, t_roll_s=member.profile.t_roll_s, t_train_s=member.profile.t_train_s)
     decision = policy.place(spec, state, exclude=gid)
+    down = relocation_s(member.spec, policy.config)
+    if down > SLACK_SHARE * (spec.slo - _slowdown(decision, spec)) * remaining_s:
+        return []
     freed = freed_usd_per_h(state.groups[gid], name)
     return [Move(job=name, from_group=gid, decision=decision, saving_usd_per_h=freed - decision.delta_usd_per_h,
-                 downtime_s=relocation_s(member.spec, policy.config),
-                 reason=f"SLO risk in {gid}: moves to {decision.deployment.value} in {decision.group_id or 'a new group'}")]
+                 downtime_s=down, reason=f"SLO risk in {gid}: moves to {decision.deployment.value} in {decision.group_id or 'a new group'}")]
+
+
+STATIC_REMAINING_S = 1e9
+"""Remaining work assumed for every job of a static batch (nothing has started: a move costs nothing real)."""
+
+
+def place_batch(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPolicy) -> tuple[list[PlacementDecision], list[Move]]:
+    """Place `jobs` one by one as they arrive, regrouping after each (what the simulator does at arrivals)."""
+    decisions: list[PlacementDecision] = []
+    moves: list[Move] = []
+    for job in jobs:
+        decision = policy.place(job, state)
+        state.apply(job, decision)
+        decisions.append(decision)
+        step = plan_moves(state, policy, [job.name], lambda _: STATIC_REMAINING_S)
+        if step:
+            apply_moves(state, step)
+            moves += step
+    return decisions, moves

@@ -165,7 +165,7 @@ class _Replay:
             return
         for name in slo_risks(self.state.groups[gid], self.policy.config):
             if self.moved.get(name, 0) < MAX_MOVES and self.state.groups[gid].members[name].profile.learned:
-                self._relocate(plan_rescue(self.state, self.policy, name), t)
+                self._relocate(plan_rescue(self.state, self.policy, name, self._remaining_s(name)), t)
                 return
 
     def _relocate(self, moves: list[Move], t: float) -> None:
