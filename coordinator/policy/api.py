@@ -44,6 +44,7 @@ class RejectReason(str, Enum):
     HOST_DRAM = "host-dram"  # resident state would not fit a node's host DRAM
     SLO = "slo"  # simulated co-execution would break a member's SLO
     NOT_EVALUATED = "not-evaluated"  # an earlier group already offered a zero-cost placement
+    NODE_UNAVAILABLE = "node-unavailable"  # a node the placement needs is draining, drained or lost
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

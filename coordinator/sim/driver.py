@@ -2,9 +2,9 @@
 
 The driver is the coordinator's loop with a virtual clock: at each arrival it asks the *same*
 `PlacementPolicy` the live coordinator uses for a decision and applies it to a `ClusterState`;
-between events each group runs the round-robin meta-iteration schedule of
-`policy.intra_group.simulate_round_robin`, fed with the runtime model's per-iteration phase
-times. Membership changes (an arrival joins a group, a job finishes) end the group's current
+between events each group runs the round-robin meta-iteration schedule through the live
+coordinator's grant step (`policy.executor.run_schedule` over `policy.grants.grant_step`), fed
+with the runtime model's per-iteration phase times. Membership changes (an arrival joins a group, a job finishes) end the group's current
 segment: each member keeps the work it has done, including a partly run phase, and a new
 segment starts from there. Groups provision their nodes when created and release them when
 they empty, so cost is piecewise constant between events.
@@ -32,17 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.executor import run_schedule
+from rollmux.coordinator.policy.intra_group import TRAIN_POOL, MemberTiming, PhaseInterval, PhaseTimeFn, ReleaseFn
 from rollmux.coordinator.policy.learning import PhaseLearner
+from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.policy.regroup import Move, apply_moves, plan_moves, plan_rescue, slo_risks
-from rollmux.coordinator.policy.intra_group import (
-    TRAIN_POOL,
-    MemberTiming,
-    PhaseInterval,
-    PhaseTimeFn,
-    ReleaseFn,
-    simulate_round_robin,
-)
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.coordinator.sim.api import (
     JobOutcome,
@@ -207,8 +201,8 @@ class _Replay:
         timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes,
                                 rollout_on_train=group.members[j].colocated) for j in members]
         phase_time, release = self._phase_time_fn(group, members)
-        result = simulate_round_robin(timings, iterations=n_iter, phase_time=phase_time, record=True,
-                                      rollout_release=release)
+        result = run_schedule(timings, iterations=n_iter, phase_time=phase_time, record=True,
+                              rollout_release=release)
         seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus, train_pool=group.train_pool,
                        by_job={j: [] for j in members})
         for iv in result.intervals:

@@ -11,7 +11,7 @@ Planning uses worst-case times (every response at max tokens). At runtime:
   tokens, sync) plus a share proportional to the mean response length.
 - Long-tail migration (paper §4.3, Fig. 7): once `tail_fraction` of the responses are done, the
   remaining requests are consolidated onto `tail_gpu_share` of the job's rollout GPUs and its
-  nodes pass to the next rollout in their queues (`intra_group.simulate_round_robin`'s
+  nodes pass to the next rollout in their turn (`policy.executor.run_schedule`'s
   `rollout_release` hook); the job's own Train still starts when its last response ends. The tail
   keeps running on those few GPUs, so the release is delayed by the GPU-time it still uses
   (tail seconds x `tail_gpu_share`): a work-conserving charge to the next rollout, which runs on

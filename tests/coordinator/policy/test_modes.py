@@ -17,6 +17,8 @@ from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_mo
 from rollmux.model import ClusterSpec, Deployment, JobSpec, Phase, Pool
 from rollmux.testing import make_job
 
+from .test_intra_group import groups
+
 NODE_T = 8 * 5.28
 
 
@@ -163,3 +165,27 @@ def test_learned_profile_is_a_high_percentile_once_enough_iterations_are_seen() 
     assert p.t_solo_s == pytest.approx((90 + 91 + 92 + 93 + 99 + 4 * 60 + 70) / 5)
     with pytest.raises(Exception, match="invalid"):
         learner.observe("a", -1.0, 1.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups(), st.lists(st.booleans(), min_size=8, max_size=8), st.integers(1, 5), st.booleans())
+def test_co_located_members_run_through_the_grant_step_as_the_slo_check_assumes(members, colocate, iterations,  # noqa: ANN001
+                                                                               migrate) -> None:
+    from dataclasses import replace as dc_replace
+
+    from rollmux.coordinator.policy.executor import run_schedule
+    from rollmux.coordinator.policy.intra_group import cycle_time, simulate_round_robin
+
+    mixed = [dc_replace(m, rollout_nodes=(), rollout_on_train=True) if c else m for m, c in zip(members, colocate)]
+    hook = (lambda idx, it: 0.5 * mixed[idx].t_roll_s) if migrate else None
+    model = simulate_round_robin(mixed, iterations=iterations, record=True, rollout_release=hook)
+    run = run_schedule(mixed, iterations=iterations, record=True, rollout_release=hook)
+    key = lambda r: sorted((i.job, i.phase.value, i.iteration, round(i.start_s, 6), round(i.end_s, 6))  # noqa: E731
+                           for i in r.intervals)
+    assert key(run) == key(model)
+    if not migrate:  # the exact period the SLO check uses is the steady state of that schedule
+        long = simulate_round_robin(mixed, iterations=60)
+        starts = sorted(i.start_s for i in simulate_round_robin(mixed, iterations=60, record=True).intervals
+                        if i.job == mixed[0].name and i.phase is Phase.ROLLOUT)
+        assert (starts[-1] - starts[-21]) / 20 == pytest.approx(cycle_time(mixed), rel=1e-6)
+        assert long.makespan_s > 0
