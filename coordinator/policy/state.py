@@ -358,19 +358,21 @@ class ClusterState:
         return group
 
     def restore_group(self, group_id: str, train_nodes: tuple[str, ...], rollout_nodes: tuple[str, ...],
-                      members: Iterable[tuple[JobSpec, tuple[str, ...]]]) -> GroupState:
+                      members: Iterable[tuple[JobSpec, tuple[str, ...]] | tuple[JobSpec, tuple[str, ...], Deployment]],
+                      train_pool: Pool = Pool.TRAIN) -> GroupState:
         """Rebuild a group from durable records (coordinator restart), keeping indexes and ids consistent.
 
-        Members come in round-robin order with their pinned rollout nodes. New group ids continue
-        after the highest restored numeric id, so a restored cluster never reuses an id.
+        Members come in round-robin order with their pinned rollout nodes (and their deployment
+        mode; disaggregated when left out). New group ids continue after the highest restored
+        numeric id, so a restored cluster never reuses an id.
         """
         if group_id in self.groups:
             raise PolicyError(f"group {group_id} already exists")
-        group = self._new_group(group_id, tuple(train_nodes))
+        group = self._new_group(group_id, tuple(train_nodes), train_pool)
         for n in rollout_nodes:
             self._add_rollout_node(group, n)
-        for spec, pinned in members:
-            group.add_member(spec, tuple(pinned))
+        for spec, pinned, *mode in members:
+            group.add_member(spec, tuple(pinned), mode[0] if mode else Deployment.DISAGGREGATED)
             self.job_group[spec.name] = group_id
         group.check_invariants()
         self.groups[group_id] = group

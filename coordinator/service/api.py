@@ -95,6 +95,9 @@ class ServiceConfig:
     max_name_len: int = 128  # longest job or node name accepted
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
+    # Choose each job's deployment mode (co-located on training- or rollout-pool GPUs where cheaper,
+    # docs/policy.md); off: every job a disaggregated group member, as the fleet's two pools expect.
+    deployment_modes: bool = False
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl_s", "max_wait_s", "heartbeat_interval_s", "reap_interval_s"):

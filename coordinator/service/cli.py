@@ -31,6 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait", type=float, default=300.0, help="longest server-side permit wait, s")
     parser.add_argument("--migration-threshold", type=float, default=0.8,
                         help="rollout progress at which it is tail-bound (long-tail migration)")
+    parser.add_argument("--deployment-modes", action="store_true",
+                        help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
+                             "default: every job disaggregated")
     parser.add_argument("--rollout-gpu", default="H20")
     parser.add_argument("--train-gpu", default="H800")
     parser.add_argument("--gpus-per-node", type=int, default=8)
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
             namespace=args.namespace, secret=secret, owner=args.instance_id, leader_ttl_s=args.leader_ttl,
             tls_cert=args.tls_cert, tls_key=args.tls_key,
             config=ServiceConfig(lease_ttl_s=args.lease_ttl, max_wait_s=args.max_wait,
-                                 migration_threshold=args.migration_threshold),
+                                 migration_threshold=args.migration_threshold,
+                                 deployment_modes=args.deployment_modes),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node))
     except (SpecError, ValueError) as exc:
