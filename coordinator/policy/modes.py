@@ -8,7 +8,9 @@ N_T training-pool GPUs. On other hardware:
   one replica), and slower in proportion on fewer.
 - Training is compute bound with a fixed global batch: time ~ 1 / (GPUs x TFLOPS).
 - Co-located, a job swaps its rollout and training state on the same GPUs every phase (veRL
-  offloads between phases): each phase first loads its state from pinned host DRAM.
+  offloads between phases): each phase first loads its state from pinned host DRAM; and its
+  weights never cross the inter-cluster link, so the two-stage sync in its worst-case train time
+  (one copy over the 20 Gbps link, then an all-gather) is not paid.
 
 The simulator's Colocate and Gavel+ baselines use the same factors, so a co-located RollMux job
 and a veRL job run at the same speed on the same GPUs.
@@ -20,6 +22,22 @@ from rollmux.model import GB, ClusterSpec, Deployment, JobSpec, Pool
 
 SWITCH_GB_S_PER_GPU = 25.0
 """Planning rate of a warm state load, pinned host DRAM to GPU, GB/s per GPU (the simulator's default)."""
+
+CROSS_LINK_GB_S = 2.5
+"""Inter-cluster link a disaggregated job's weights cross every iteration (20 Gbps), GB/s (the simulator's default)."""
+
+INTRA_LINK_GB_S = 50.0
+"""Intra-cluster fabric of the sync's all-gather stage (400 Gbps), GB/s."""
+
+BYTES_PER_PARAM = 2  # BF16 weights
+
+
+def sync_s(job: JobSpec) -> float:
+    """The two-stage weight sync a disaggregated job's worst-case train time includes, s."""
+    m_gb = job.model_params_b * BYTES_PER_PARAM
+    r = job.n_rollout_gpus
+    two = m_gb / CROSS_LINK_GB_S + (r - 1) / r * m_gb / INTRA_LINK_GB_S
+    return min(two, job.t_train_s or 0.0)
 
 
 def pool_of(deployment: Deployment) -> Pool:
@@ -59,4 +77,4 @@ def colocated_solo_s(job: JobSpec, cluster: ClusterSpec, pool: Pool, gpus: int) 
     assert job.t_roll_s is not None and job.t_train_s is not None
     sw_r, sw_t = switch_s(job, cluster)
     return (job.t_roll_s * roll_factor(job, cluster, pool, gpus) + sw_r
-            + job.t_train_s * train_factor(job, cluster, pool, gpus) + sw_t)
+            + (job.t_train_s - sync_s(job)) * train_factor(job, cluster, pool, gpus) + sw_t)

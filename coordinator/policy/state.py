@@ -71,8 +71,10 @@ class Member:
 
     @property
     def t_train_in_group_s(self) -> float:
-        """T_train stretched to the group's training pool (and its GPU type), with its warm load."""
-        return self.profile.t_train_s * self.train_factor + self.switch_train_s
+        """T_train stretched to the group's training pool (and its GPU type), with its warm load;
+        a co-located member's weights stay on its GPUs (no sync over the inter-cluster link)."""
+        sync = modes.sync_s(self.spec) if self.colocated else 0.0
+        return max(0.0, self.profile.t_train_s - sync) * self.train_factor + self.switch_train_s
 
     @property
     def train_pool_load_s(self) -> float:
