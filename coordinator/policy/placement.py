@@ -108,7 +108,7 @@ def new_group_options(job: JobSpec, cluster: ClusterSpec, allowed: tuple[Deploym
 
 def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
                        allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
-                       profile: PhaseProfile | None = None) -> Rejection | None:
+                       profile: PhaseProfile | None = None, cache: _LoadCache | None = None) -> Rejection | None:
     """Step 1: reasons to skip a group before looking at any placement in it."""
     gid = group.group_id
     if not group.train_available:
@@ -131,24 +131,46 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
                          message=f"memory on training nodes {','.join(group.train_nodes)}: "
                                  f"{(group.train_dram_used_bytes + job.train_state_bytes) / 1e9:.1f} GB "
                                  f">= {group.train_dram_bytes / 1e9:.1f} GB")
-    return slo_bound_rejection(group, job, config, allowed, profile)
+    return slo_bound_rejection(group, job, config, allowed, profile, cache)
 
 
 def _mode_lower_bound(group: GroupState, member: Member) -> float:
     """No placement of `member` in `group` has a period below this (shared loads)."""
-    return max(group.t_cycle_s, member.t_roll_s + member.t_train_in_group_s,
-               group.train_load_s + member.train_pool_load_s, group.max_node_load_s)
+    return _bound(group, (member.t_roll_s + member.t_train_in_group_s, member.train_pool_load_s))
+
+
+def _bound(group: GroupState, loads: tuple[float, float]) -> float:
+    """The lower bound from a member's (own cycle, training-pool load) in `group`."""
+    cycle, pool = loads
+    return max(group.t_cycle_s, cycle, group.train_load_s + pool, group.max_node_load_s)
+
+
+_LoadCache = dict[tuple[object, int, Deployment], tuple[float, float]]
+
+
+def _member_loads(group: GroupState, job: JobSpec, mode: Deployment, profile: PhaseProfile | None,
+                  cache: _LoadCache | None) -> tuple[float, float]:
+    """(own cycle, training-pool load) of `job` in `mode` in `group`; the same for every group with
+    the same training pool and size, so `cache` (one placement's) keeps them."""
+    key = (group.train_pool, group.train_gpus, mode)
+    if cache is not None and key in cache:
+        return cache[key]
+    m = group.make_member(job, (), mode, profile)
+    loads = (m.t_roll_s + m.t_train_in_group_s, m.train_pool_load_s)
+    if cache is not None:
+        cache[key] = loads
+    return loads
 
 
 def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
                         allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
-                        profile: PhaseProfile | None = None) -> Rejection | None:
+                        profile: PhaseProfile | None = None, cache: _LoadCache | None = None) -> Rejection | None:
     """Whole-group SLO pruning: no placement can beat max(T_cycle', training-pool load', node loads).
 
     Every member of a group shares one period, which is at least each of those loads; if that
     bound already exceeds the tightest SLO budget in every allowed mode, nothing needs simulating.
     """
-    lower = min(_mode_lower_bound(group, group.make_member(job, (), m, profile)) for m in allowed if group.allows(m))
+    lower = min(_bound(group, _member_loads(group, job, m, profile, cache)) for m in allowed if group.allows(m))
     job_budget = job.slo * (profile.t_solo_s if profile else job.t_solo_s)
     budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
     if lower <= budget * (1.0 + config.slo_tolerance):
@@ -300,6 +322,7 @@ class RollMuxPolicy:
                                             reason=RejectReason.SATURATED,
                                             message=f"{len(saturated)} group(s) have T_load >= T_cycle"))
         best: tuple[float, Candidate, dict[str, float]] | None = None
+        cache: _LoadCache = {}
         for i, group in enumerate(groups):
             if best is not None and best[0] == 0.0:
                 rejections += [Rejection(group_id=g.group_id, strategy=None, reason=RejectReason.NOT_EVALUATED,
@@ -308,7 +331,7 @@ class RollMuxPolicy:
                 break
             if group.group_id == exclude:
                 continue
-            pruned = group_prune_reason(group, job, self.config, allowed, profile)
+            pruned = group_prune_reason(group, job, self.config, allowed, profile, cache)
             if pruned is not None:
                 rejections.append(pruned)
                 continue

@@ -129,6 +129,8 @@ def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
         b = b_member.spec
         if Deployment.DISAGGREGATED not in _allowed(a, config) or Deployment.DISAGGREGATED not in _allowed(b, config):
             continue
+        if not _pair_may_pay(a, b, group.usd_per_h + other.usd_per_h, state):
+            continue
         cost = _pair_cost(a, b, state)
         if cost is None:
             continue
@@ -158,6 +160,21 @@ def _allowed(job: JobSpec, config: PolicyConfig) -> tuple[Deployment, ...]:
 
 
 _PAIR_GROUP = "<pair>"
+
+
+def _pair_may_pay(a: JobSpec, b: JobSpec, alone_usd_per_h: float, state: ClusterState) -> bool:
+    """Cheap necessary conditions for a pair merge: it could cost less, and the shared training pool
+    (the larger job's) could carry both Trains within the tighter SLO budget."""
+    c = state.cluster
+    t_nodes = max(c.nodes_for(a.n_train_gpus), c.nodes_for(b.n_train_gpus))
+    r_nodes = max(c.nodes_for(a.n_rollout_gpus), c.nodes_for(b.n_rollout_gpus))
+    if t_nodes * c.node_usd_per_h(Pool.TRAIN) + r_nodes * c.node_usd_per_h(Pool.ROLLOUT) >= alone_usd_per_h - 1e-9:
+        return False
+    gpus = t_nodes * c.gpus_per_node
+    t_a = (a.t_train_s or 0.0) * a.n_train_gpus / gpus
+    t_b = (b.t_train_s or 0.0) * b.n_train_gpus / gpus
+    lower = max(t_a + t_b, (a.t_roll_s or 0.0) + t_a, (b.t_roll_s or 0.0) + t_b)
+    return lower <= min(a.slo * a.t_solo_s, b.slo * b.t_solo_s) * (1 + 1e-9)
 
 
 def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState) -> tuple[float, PlacementDecision, PlacementDecision] | None:
