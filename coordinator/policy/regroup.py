@@ -267,8 +267,26 @@ STATIC_REMAINING_S = 1e9
 """Remaining work assumed for every job of a static batch (nothing has started: a move costs nothing real)."""
 
 
-def place_batch(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPolicy) -> tuple[list[PlacementDecision], list[Move]]:
-    """Place `jobs` one by one as they arrive, regrouping after each (what the simulator does at arrivals)."""
+def place_batch(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPolicy,
+                lookahead: bool = True) -> tuple[list[PlacementDecision], list[Move]]:
+    """Place jobs that wait together (a batch, an admission window), regrouping after each.
+
+    With `lookahead` the batch is also tried in decreasing order of size (first-fit decreasing: big
+    jobs open the groups small ones fill) on a scratch state, and the cheaper outcome is applied;
+    `state` must be empty then. Returns the decisions (in the order applied) and the moves.
+    """
+    if lookahead and not state.groups and len(jobs) > 1:
+        big_first = sorted(jobs, key=lambda j: (-isolated_cost(j, state.cluster), -j.t_solo_s))
+        trial = ClusterState(state.cluster)
+        _place_in_order(big_first, trial, policy)
+        plain = ClusterState(state.cluster)
+        _place_in_order(jobs, plain, policy)
+        order = big_first if trial.usd_per_h < plain.usd_per_h - 1e-9 else list(jobs)
+        return _place_in_order(order, state, policy)
+    return _place_in_order(jobs, state, policy)
+
+
+def _place_in_order(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPolicy) -> tuple[list[PlacementDecision], list[Move]]:
     decisions: list[PlacementDecision] = []
     moves: list[Move] = []
     for job in jobs:
@@ -279,4 +297,18 @@ def place_batch(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPol
         if step:
             apply_moves(state, step)
             moves += step
+    moves += consolidate(state, policy, [j.name for j in jobs])
     return decisions, moves
+
+
+def consolidate(state: ClusterState, policy: RollMuxPolicy, names: Sequence[str], max_moves: int = 32) -> list[Move]:
+    """Local search once a batch is placed: keep moving jobs (latest first) while a move saves $/h."""
+    done: list[Move] = []
+    while len(done) < max_moves:
+        step = plan_moves(state, policy, [n for n in reversed(names) if n in state.job_group],
+                          lambda _: STATIC_REMAINING_S)
+        if not step:
+            return done
+        apply_moves(state, step)
+        done += step
+    return done
