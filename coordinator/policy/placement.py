@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import (
     PlacementDecision,
     PolicyConfig,
@@ -36,7 +37,6 @@ from rollmux.coordinator.policy.api import (
     Strategy,
     register_policy,
 )
-from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool

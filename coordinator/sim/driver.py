@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.executor import run_schedule
-from rollmux.coordinator.policy.intra_group import TRAIN_POOL, MemberTiming, PhaseInterval, PhaseTimeFn, ReleaseFn
+from rollmux.coordinator.policy.intra_group import (
+    TRAIN_POOL,
+    MemberTiming,
+    PhaseInterval,
+    PhaseTimeFn,
+    ReleaseFn,
+)
 from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.policy.regroup import Move, apply_moves, plan_moves, plan_rescue, slo_risks

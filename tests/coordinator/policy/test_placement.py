@@ -19,9 +19,9 @@ from rollmux.coordinator.policy.api import UnknownPolicyError
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.model import TB, ClusterSpec, JobSpec
-
-ALG1 = PolicyConfig(modes=False)  # the paper's Algorithm 1: every job a disaggregated member (tests/.../test_modes.py has the rest)
 from rollmux.testing import make_job
+
+ALG1 = PolicyConfig(modes=False)  # the paper's Algorithm 1: every job a disaggregated member (test_modes.py has the rest)
 
 NODE_R = 8 * 1.85
 NODE_T = 8 * 5.28
