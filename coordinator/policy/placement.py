@@ -264,18 +264,23 @@ class RollMuxPolicy:
             return self.learner.prior(job)
         return PhaseProfile.planned(job)
 
-    def place(self, job: JobSpec, state: ClusterState, exclude: str | None = None) -> PlacementDecision:
-        """Where `job` goes; `exclude` names a group not to consider (relocating a member out of it)."""
+    def place(self, job: JobSpec, state: ClusterState, exclude: str | None = None,
+              measured: bool = False) -> PlacementDecision:
+        """Where `job` goes; `exclude` names a group not to consider (relocating a member out of it).
+
+        `measured`: the job's times are its learned ones (a running job being moved), so they are
+        used as they are, without the fleet prior a newcomer is judged against.
+        """
         if not job.has_times or job.rollout_state_bytes is None or job.train_state_bytes is None:
             raise PolicyError(f"job {job.name} is not resolved: call profiler.resolve() before placing it")
         allowed = allowed_modes(job, self.config)
-        profile = self.initial_profile(job)
+        profile = PhaseProfile.planned(job) if measured else self.initial_profile(job)
         rejections: list[Rejection] = []
         best = self._best_join(job, state, allowed, exclude, rejections, profile)
         # A lone job's slowdown is its own time there over its own solo time: compare them on the
         # same (prior-shrunk) times, as its owner would measure both.
         lone = job
-        if self.learner is not None and self.config.learn:
+        if self.learner is not None and self.config.learn and not measured:
             r, t = self.learner.shrink()
             lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
         options = new_group_options(lone, state.cluster, allowed)

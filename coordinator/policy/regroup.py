@@ -254,7 +254,7 @@ def plan_rescue(state: ClusterState, policy: RollMuxPolicy, name: str, remaining
     spec = member.spec
     if member.profile.learned:
         spec = replace(spec, t_roll_s=member.profile.t_roll_s, t_train_s=member.profile.t_train_s)
-    decision = policy.place(spec, state, exclude=gid)
+    decision = policy.place(spec, state, exclude=gid, measured=member.profile.learned)
     down = relocation_s(member.spec, policy.config)
     if down > SLACK_SHARE * (spec.slo - _slowdown(decision, spec)) * remaining_s:
         return []
