@@ -150,7 +150,7 @@ def register_policy(name: str, factory: Callable[..., PlacementPolicy]) -> None:
 
 def create_policy(name: str, **kwargs: object) -> PlacementPolicy:
     """Build a registered policy by name (the built-ins register on import of `policy`)."""
-    import rollmux.coordinator.policy  # noqa: F401  (registers the built-ins)
+    import rollmux.coordinator.policy.baselines  # noqa: F401  (registers the built-ins)
 
     try:
         factory = _REGISTRY[name]
@@ -161,7 +161,12 @@ def create_policy(name: str, **kwargs: object) -> PlacementPolicy:
     return factory(**kwargs)
 
 
+ONLINE_POLICIES = ("rollmux", "most-idle", "random", "solo-d")
+"""Policies that place one arriving job at a time (what a live coordinator can run); every one is
+built as ``create_policy(name, config=PolicyConfig(...), seed=N)``."""
+
+
 def registered_policies() -> list[str]:
-    import rollmux.coordinator.policy  # noqa: F401
+    import rollmux.coordinator.policy.baselines  # noqa: F401
 
     return sorted(_REGISTRY)

@@ -254,7 +254,7 @@ class RollMuxPolicy:
 
     name = "rollmux"
 
-    def __init__(self, config: PolicyConfig | None = None) -> None:
+    def __init__(self, config: PolicyConfig | None = None, **_: object) -> None:
         self.config = config or PolicyConfig()
         self.learner: PhaseLearnerLike | None = None  # set by whoever feeds measured times (sim, coordinator)
 

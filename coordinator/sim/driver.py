@@ -260,9 +260,12 @@ class _Replay:
                 value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + sw_train[idx]
             return max(0.0, value - train_done[idx]) if it == 0 else value
 
+        rule = cfg.migration_rule
+        gpus = [self.specs[j].n_rollout_gpus for j in members]
+
         def release(idx: int, it: int) -> float:
             # Long-tail migration: the nodes pass on once the rollout is tail-bound (runtime.py).
-            value = sw_roll[idx] + draws[idx].release_s(base[idx] + it, cfg.tail_gpu_share)
+            value = sw_roll[idx] + draws[idx].release_s(base[idx] + it, rule, gpus[idx])
             return max(0.0, value - roll_done[idx]) if it == 0 else value
 
         return phase_time, (release if cfg.migration and any(shares) else None)
@@ -307,14 +310,15 @@ class _Replay:
                 self._finish(j, gid, t)
 
     def _account_busy(self, iv: PhaseInterval, t: float, seg: _Segment, gpn: int) -> None:
-        """GPU-seconds the phase ran before `t`; a migrated tail only keeps `tail_gpu_share` of its GPUs."""
+        """GPU-seconds the phase ran before `t`; a migrated tail only keeps its rule's share of its GPUs."""
         if iv.phase is Phase.TRAIN or iv.nodes == (TRAIN_POOL,):  # a Train, or a co-located Rollout
             self.busy[seg.train_pool.value] += (min(iv.end_s, t) - iv.start_s) * seg.train_gpus
             return
         gpus = len(iv.nodes) * gpn
         head_end = min(iv.end_s if iv.released_s is None else iv.released_s, t)
         tail = max(0.0, min(iv.end_s, t) - head_end)
-        self.busy[Pool.ROLLOUT.value] += (head_end - iv.start_s) * gpus + tail * gpus * self.ctx.runtime.tail_gpu_share
+        share = self.ctx.runtime.migration_rule.kept_share(self.specs[iv.job].n_rollout_gpus)
+        self.busy[Pool.ROLLOUT.value] += (head_end - iv.start_s) * gpus + tail * gpus * share
 
     def _finish(self, job_id: str, gid: str, t: float) -> None:
         job = self.trace[job_id]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollmux.coordinator.policy.api import PolicyConfig
-from rollmux.coordinator.policy.baselines import MostIdlePolicy, OptPolicy, RandomPolicy, SoloDPolicy
+from rollmux.coordinator.policy.api import ONLINE_POLICIES, PolicyConfig, create_policy
+from rollmux.coordinator.policy.baselines import OptPolicy
 from rollmux.coordinator.policy.baselines.dedicated import colocated, gavel_plus
 from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy
@@ -30,12 +30,8 @@ def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimSt
     if name == "rollmux-alg1":  # the paper's Algorithm 1 alone: no modes, worst-case times, no regrouping
         return GroupStrategy(name, RollMuxPolicy(PolicyConfig(max_group_size=ctx.max_group_size, modes=False,
                                                               learn=False, regroup=False)))
-    if name == "solo-d":
-        return GroupStrategy(name, SoloDPolicy())
-    if name == "random":
-        return GroupStrategy(name, RandomPolicy(config, seed=ctx.seed))
-    if name == "most-idle":
-        return GroupStrategy(name, MostIdlePolicy(config))
+    if name in ONLINE_POLICIES:  # by name, as `rollmux coordinator --policy` and `rollmux place --policy` build them
+        return GroupStrategy(name, create_policy(name, config=config, seed=ctx.seed))
     if name == "colocate":
         return DedicatedStrategy(name, colocated)
     if name == "gavel+":

@@ -41,13 +41,13 @@ from rollmux.coordinator.service.api import JobState, NodeState, PermitState, Se
 from rollmux.coordinator.service.records import GroupRecord, JobRecord, Meta, NodeRecord, PermitRecord, dumps
 from rollmux.coordinator.service.runtime.admission import group_record
 from rollmux.coordinator.service.runtime.leases import ReleaseResult
-from rollmux.coordinator.service.runtime.migration import Migration, MigrationDecision
+from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Clock, Notice, NoticeKind
 from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, transition
 from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool
 
 
-class Runtime(Migration):
+class Runtime(LongTailMigration):
     """All live coordinator state; see the module docstring for the semantics."""
 
     def wait_reason(self, name: str) -> str:
@@ -108,8 +108,8 @@ class Runtime(Migration):
                      clock: Clock, wall: Clock, policy: PlacementPolicy | None = None) -> Runtime:
         """Rebuild the runtime from stored records (coordinator restart or store recovery).
 
-        Leases restart their TTL (holders could not renew while the coordinator was away); nodes with
-        a sidecar start LOST until their sidecar reconnects.
+        Leases restart their TTL (holders could not renew while the coordinator was away); nodes
+        start LOST until their sidecar reconnects.
         """
         rt = cls(cluster, config, clock=clock, wall=wall, policy=policy)
         if "meta" in records:
@@ -135,7 +135,7 @@ class Runtime(Migration):
                 for n in p.nodes:
                     rt.holder[n] = p.job
         for node in rt.nodes.values():
-            if node.streams and node.state is NodeState.READY:
+            if node.state is NodeState.READY:
                 transition(node, NODE_TRANSITIONS, NodeState.LOST, now=wall(), reason="coordinator restarted")
                 rt._touch(f"node/{node.node_id}", node)
         for node in rt.nodes.values():  # the policy's snapshot from the node records, before its groups
@@ -167,4 +167,4 @@ def resolved_spec(spec: JobSpec, cluster: ClusterSpec) -> JobSpec:
 
 
 
-__all__ = ["Clock", "MigrationDecision", "Notice", "NoticeKind", "ReleaseResult", "Runtime", "resolved_spec"]
+__all__ = ["Clock", "Notice", "NoticeKind", "ReleaseResult", "Runtime", "resolved_spec"]

@@ -1,4 +1,9 @@
-"""Job registration, admission (placement by the policy onto free nodes) and removal."""
+"""Job registration, admission (placement by the policy onto free nodes) and removal.
+
+Admission has no head-of-line blocking: every pending job the free nodes can host is admitted, in
+arrival order, and one that must wait never holds back a later one that fits. A spec that no set
+of nodes could ever hold is refused at registration, naming the limit.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,13 @@ from dataclasses import replace
 
 from rollmux.coordinator.policy.api import PlacementDecision
 from rollmux.coordinator.policy.state import GroupState
-from rollmux.coordinator.service.api import AlreadyExistsError, JobState, NodeState, PermitState
+from rollmux.coordinator.service.api import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    JobState,
+    NodeState,
+    PermitState,
+)
 from rollmux.coordinator.service.records import GroupRecord, JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
@@ -17,12 +28,15 @@ from rollmux.model import Deployment, JobSpec, Phase, Pool
 class Admission(GrantQueues):
     """Registering jobs, admitting them in arrival order, removing them."""
 
-    def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str) -> tuple[JobRecord, bool]:
+    def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
+                     relayed_by: str = "") -> tuple[JobRecord, bool]:
         """Register a resolved job spec; returns (record, rotated) where rotated means a retried
-        registration with the same nonce (its token is replaced by the new one).
+        registration with the same nonce (its token is replaced by the new one). `relayed_by` names
+        the node whose sidecar relayed the registration.
 
         Raises:
             AlreadyExistsError: the name is taken by a registration with another nonce.
+            InvalidArgumentError: no set of nodes could ever hold the job.
         """
         existing = self.jobs.get(spec.name)
         if existing is not None:
@@ -32,31 +46,52 @@ class Admission(GrantQueues):
             existing.token_sha256 = token_sha256
             self._touch(f"job/{spec.name}", existing)
             return existing, True
+        self._check_can_ever_fit(spec)
         self.meta.seq += 1
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
-                        seq=self.meta.seq)
+                        seq=self.meta.seq, relayed_by=relayed_by)
         self.jobs[spec.name] = job
         self._touch("meta", self.meta)
         self._touch(f"job/{spec.name}", job)
         self.try_admit()
         return job, False
 
-    def _free_nodes(self, pool: Pool) -> list[str]:
+    def _check_can_ever_fit(self, spec: JobSpec) -> None:
+        cluster, limit = self.cluster, self.config.max_nodes_per_job
+        for pool, gpus in ((Pool.ROLLOUT, spec.n_rollout_gpus), (Pool.TRAIN, spec.n_train_gpus)):
+            nodes = cluster.nodes_for(gpus)
+            if nodes > limit:
+                raise InvalidArgumentError(
+                    f"job {spec.name!r} asks for {gpus} {pool.value} GPUs = {nodes} nodes of {cluster.gpus_per_node}, "
+                    f"over the limit of {limit} nodes per pool (max_nodes_per_job): no node set could ever "
+                    "hold it; ask for fewer GPUs")
+        for pool, state in ((Pool.ROLLOUT, spec.rollout_state_bytes), (Pool.TRAIN, spec.train_state_bytes)):
+            dram = self._largest_dram(pool)
+            if state is not None and state >= dram:
+                raise InvalidArgumentError(
+                    f"job {spec.name!r} {pool.value} state of {state} bytes per node does not fit the host DRAM "
+                    f"of any {pool.value} node (largest {dram} bytes): no node could ever hold it")
+
+    def _largest_dram(self, pool: Pool) -> int:
+        return max([self.cluster.host_dram_bytes,
+                    *(n.host_dram_bytes for n in self.nodes.values() if n.pool is pool)])
+
+    def _free_nodes(self, pool: Pool, state_bytes: int) -> list[str]:
+        """READY nodes of `pool` in no group whose host DRAM holds `state_bytes`."""
         used = self.placement.node_group
         return sorted(n.node_id for n in self.nodes.values()
-                      if n.pool is pool and n.state is NodeState.READY and n.node_id not in used)
+                      if n.pool is pool and n.state is NodeState.READY and n.node_id not in used
+                      and state_bytes < n.host_dram_bytes)
 
     def try_admit(self) -> list[str]:
-        """Admit pending jobs strictly in arrival order while the free nodes can host them."""
-        admitted = []
-        for name in self.pending():
-            if not self._admit(self.jobs[name]):
-                break  # head-of-line: later arrivals wait for the earlier one
-            admitted.append(name)
-        return admitted
+        """Admit every pending job the free nodes can host now, in arrival order (no head-of-line
+        blocking: a job that must wait never holds back a later one that fits)."""
+        return [name for name in self.pending() if self._admit(self.jobs[name])]
 
     def _admit(self, job: JobRecord) -> bool:
-        free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT), Pool.TRAIN: self._free_nodes(Pool.TRAIN)}
+        spec = job.spec
+        free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
+                Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
         decision = self.policy.place(job.spec, self.placement)
         if not _fits(decision, free) and job.spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
             # The fleet is what it is: when the cheapest mode needs nodes that are not free, fall

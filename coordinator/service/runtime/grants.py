@@ -37,11 +37,9 @@ class GrantQueues(RuntimeState):
         return self._usable(node_id)
 
     def _usable(self, node_id: str) -> bool:
-        """Ready and, for a node with a sidecar, its stream connected."""
+        """Ready (which a node is only while its sidecar stream is connected)."""
         node = self.nodes.get(node_id)
-        if node is None or node.state is not NodeState.READY:
-            return False
-        return not node.streams or node_id in self.connected
+        return node is not None and node.state is NodeState.READY and node_id in self.connected
 
     def _free_node(self, node_id: str) -> None:
         self.holder.pop(node_id, None)
