@@ -52,7 +52,7 @@ class Env:
     def __init__(self, sockdir: Path) -> None:
         self.srv = ThreadedServer(ServerOptions(secret=SECRET, http=None, cluster=ClusterSpec(gpus_per_node=1),
                                                 config=ServiceConfig(lease_ttl_s=120.0, max_wait_s=0.3,
-                                                                     heartbeat_interval_s=0.2)))
+                                                                     heartbeat_interval_s=5.0)))
         assert self.srv.wait_ready(10)
         self.op = CoordinatorClient(self.srv.address, token=auth.operator_token(SECRET), retry_s=5.0)
         self.agent = NodeAgent(AgentConfig(node_id="r0", pool=Pool.ROLLOUT, heartbeat_s=0.2),
