@@ -103,7 +103,8 @@ class Env:
         time.sleep(0.05)
 
     def state(self) -> tuple[dict[str, Any], dict[str, str]]:
-        return self.agent.snapshot(), self.srv.run(lambda: self.srv.core.rt.records())  # type: ignore[return-value]
+        agent = {k: v for k, v in self.agent.snapshot().items() if k != "connection"}  # may reconnect under load
+        return agent, self.srv.run(lambda: self.srv.core.rt.records())  # type: ignore[return-value]
 
     def close(self) -> None:
         self.channel.close()
