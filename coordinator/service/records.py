@@ -102,6 +102,7 @@ class JobRecord:
     group_id: str = ""
     rollout_nodes: tuple[str, ...] = ()  # its pins, as placed (the group record holds the training nodes)
     placement: str = ""  # the policy's explanation
+    deployment: str = "disaggregated"  # the chosen rollmux.model.Deployment (returned at registration)
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
     history: list = field(default_factory=list)
 
@@ -112,7 +113,7 @@ class JobRecord:
         return dumps({"name": self.name, "spec": spec_to_dict(self.spec), "token_sha256": self.token_sha256,
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
-                      "placement": self.placement,
+                      "placement": self.placement, "deployment": self.deployment,
                       "relayed_by": self.relayed_by, "history": self.history})
 
     @classmethod
@@ -171,13 +172,16 @@ class GroupRecord:
     train_nodes: tuple[str, ...]
     rollout_nodes: tuple[str, ...]  # in the order they joined the group
     members: tuple[str, ...]  # round-robin order
+    train_pool: str = "train"  # pool of its training nodes ("rollout": co-located on rollout-pool GPUs)
 
     def to_json(self) -> str:
         return dumps({"group_id": self.group_id, "train_nodes": list(self.train_nodes),
-                      "rollout_nodes": list(self.rollout_nodes), "members": list(self.members)})
+                      "rollout_nodes": list(self.rollout_nodes), "members": list(self.members),
+                      "train_pool": self.train_pool})
 
     @classmethod
     def from_json(cls, raw: str) -> GroupRecord:
         d = json.loads(raw)
         return cls(group_id=d["group_id"], train_nodes=tuple(d["train_nodes"]),
-                   rollout_nodes=tuple(d["rollout_nodes"]), members=tuple(d["members"]))
+                   rollout_nodes=tuple(d["rollout_nodes"]), members=tuple(d["members"]),
+                   train_pool=d.get("train_pool", "train"))

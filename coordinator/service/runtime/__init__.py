@@ -44,7 +44,7 @@ from rollmux.coordinator.service.runtime.leases import ReleaseResult
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Clock, Notice, NoticeKind
 from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, transition
-from rollmux.model import ClusterSpec, JobSpec
+from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool
 
 
 class Runtime(LongTailMigration):
@@ -147,8 +147,10 @@ class Runtime(LongTailMigration):
 
     def _restore_placement(self, groups: dict[str, GroupRecord]) -> None:
         for gid, rec in sorted(groups.items(), key=lambda kv: _gid_number(kv[0])):
-            members = [(self.jobs[name].spec, tuple(self.jobs[name].rollout_nodes)) for name in rec.members]
-            self.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members)
+            members = [(self.jobs[name].spec, tuple(self.jobs[name].rollout_nodes), Deployment(self.jobs[name].deployment))
+                       for name in rec.members]
+            self.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members,
+                                         train_pool=Pool(rec.train_pool))
 
 
 def _gid_number(gid: str) -> int:

@@ -91,8 +91,10 @@ class GrantQueues(RuntimeState):
             if permit is None:
                 continue
             if permit.state is PermitState.QUEUED:
+                # Train keeps the turn for its Sync; a co-located Rollout for its Train (same nodes).
+                keeps = permit.phase is Phase.TRAIN or (permit.phase is Phase.ROLLOUT and group.members[name].colocated)
                 requests[name] = PhaseRequest(job=name, nodes=self.phase_nodes(self.jobs[name], permit.phase),
-                                              keeps_turn=permit.phase is Phase.TRAIN)
+                                              keeps_turn=keeps)
             elif permit.state in PERMIT_PARKED:
                 skip.append(name)
         usable = [n for n in rings if self._usable(n)]

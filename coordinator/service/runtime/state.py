@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from rollmux.coordinator.policy import ClusterState, RollMuxPolicy
+from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.service.api import JobState, NodeState, NotFoundError, ServiceConfig
 from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord, dumps
@@ -52,7 +52,7 @@ class RuntimeState:
         self.config = config
         self.clock = clock  # monotonic seconds (lease deadlines)
         self.wall = wall  # seconds since the epoch (histories)
-        self.policy = policy or RollMuxPolicy()
+        self.policy = policy or RollMuxPolicy(PolicyConfig(modes=config.deployment_modes, learn=False, regroup=False))
         self.meta = Meta()
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
@@ -114,4 +114,7 @@ class RuntimeState:
         group = self.placement.groups.get(job.group_id)
         if group is None or job.name not in group.members:
             return ()
-        return group.members[job.name].rollout_nodes if phase is Phase.ROLLOUT else group.train_nodes
+        member = group.members[job.name]
+        if phase is Phase.ROLLOUT and not member.colocated:
+            return member.rollout_nodes
+        return group.train_nodes  # Train and Sync, and a co-located job's Rollout
