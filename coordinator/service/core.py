@@ -32,6 +32,7 @@ from rollmux.coordinator.service.api import (
 from rollmux.coordinator.service.committer import Committer
 from rollmux.coordinator.service.metrics import Metrics, create_metrics
 from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.store import Store
 from rollmux.model import ClusterSpec, Phase, Pool
 
@@ -62,7 +63,7 @@ class Coordinator:
         self.leader_ttl_s = leader_ttl_s
         self.metrics = metrics or create_metrics()
         self.clock = clock
-        self.policy = policy or RollMuxPolicy()
+        self.policy = policy or RollMuxPolicy(live_policy_config(self.config))
         self._commits_ok = self.metrics.store_commits.labels(outcome="ok")
         granted = self.metrics.permits_granted
         self._granted = {True: granted.labels(pool="rollout"), False: granted.labels(pool="train")}

@@ -21,6 +21,16 @@ from rollmux.model import ClusterSpec, Phase
 Clock = Callable[[], float]
 
 
+def live_policy_config(config: ServiceConfig, *, max_group_size: int = 5) -> PolicyConfig:
+    """The placement knobs a live coordinator runs with.
+
+    Deployment modes follow `ServiceConfig.deployment_modes` (off by default). Learned phase times and
+    regrouping stay off: the live service neither feeds the learner nor relocates jobs yet, so a
+    placement planned with them would rest on observations and moves that never happen.
+    """
+    return PolicyConfig(max_group_size=max_group_size, modes=config.deployment_modes, learn=False, regroup=False)
+
+
 class NoticeKind(str, Enum):
     GRANTED = "granted"  # a permit was granted (wake the job, tell its nodes)
     REVOKED = "revoked"  # a lease ended other than by release (expired, drained, job removed)
@@ -52,7 +62,7 @@ class RuntimeState:
         self.config = config
         self.clock = clock  # monotonic seconds (lease deadlines)
         self.wall = wall  # seconds since the epoch (histories)
-        self.policy = policy or RollMuxPolicy(PolicyConfig(modes=config.deployment_modes, learn=False, regroup=False))
+        self.policy = policy or RollMuxPolicy(live_policy_config(config))
         self.meta = Meta()
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
