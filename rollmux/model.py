@@ -360,3 +360,34 @@ class Migration:
     epoch: int
     keep_nodes: tuple[str, ...]
     release_nodes: tuple[str, ...]
+
+
+class RelocationState(str, Enum):
+    """Where a relocation directive stands (coordinator/service/states.py has its transitions)."""
+
+    PENDING = "pending"  # issued; the job has not switched yet
+    SWITCHED = "switched"  # the job acknowledged at an iteration boundary: its membership moved
+    EXPIRED = "expired"  # the deadline passed first: the job keeps its place
+    CANCELLED = "cancelled"  # no longer worth it (or possible) when the job acknowledged, or the job left
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Relocation:
+    """Regrouping directive: at an iteration boundary, move `job` from `from_group` to `to_group`.
+
+    The one relocation type: the coordinator decides it (`policy.regroup`), its client, the
+    sidecar and the shim pass it on unchanged. `epoch` names the directive (the job acknowledges
+    with it); once SWITCHED, `switched_epoch` is the fencing epoch of the new membership and
+    `rollout_nodes` / `train_nodes` are the job's nodes in its new group.
+    """
+
+    job: str
+    from_group: str
+    to_group: str  # "" = a new group
+    epoch: int
+    deadline_unix_s: float  # wall time after which an unacknowledged directive expires
+    state: RelocationState = RelocationState.PENDING
+    rollout_nodes: tuple[str, ...] = ()
+    train_nodes: tuple[str, ...] = ()
+    switched_epoch: int = 0
+    reason: str = ""

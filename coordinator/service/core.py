@@ -156,6 +156,8 @@ class Coordinator:
                              len(rt.holder), extra={"fence": fence})
                     for node_id in self._streams:
                         self._push(node_id, Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+                        for notice in rt.relocation_notices(node_id):  # directives survive the restart
+                            self._push(node_id, notice)
                     for ev in self._events.values():
                         ev.set()
                     self._deliver(notices)
@@ -319,6 +321,8 @@ class Coordinator:
         q: asyncio.Queue[Notice | None] = asyncio.Queue()
         self._streams[node_id] = q
         q.put_nowait(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+        for notice in self.rt.relocation_notices(node_id):  # a reconnecting sidecar hears them again
+            q.put_nowait(notice)
         return q
 
     def close_stream(self, node_id: str, q: asyncio.Queue[Notice | None]) -> bool:

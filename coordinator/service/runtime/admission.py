@@ -111,6 +111,7 @@ class Admission(GrantQueues):
         transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.wall(), reason=f"placed in {group.group_id}")
         self._sync_group(group.group_id)
         self._touch(f"job/{job.name}", job)
+        self._joined(job.name)
         permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
         self.permits[job.name] = permit
         self._enqueue(permit)
@@ -145,6 +146,7 @@ class Admission(GrantQueues):
         touched = set(job.rollout_nodes) | set(group_train)
         self._pump(sorted(touched))
         self.try_admit()
+        self._departed(name, job.group_id)
         return released
 
     def _cancel_permit(self, permit: PermitRecord, job: JobRecord, reason: str) -> None:

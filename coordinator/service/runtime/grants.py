@@ -124,7 +124,7 @@ class GrantQueues(RuntimeState):
             self.holder[m] = job.name
         transition(permit, PERMIT_TRANSITIONS, PermitState.GRANTED, now=self.wall(),
                    reason=f"epoch {self.meta.epoch}")
-        permit.epoch, permit.nodes, permit.migrated = self.meta.epoch, needed, False
+        permit.epoch, permit.nodes, permit.migrated, permit.picked = self.meta.epoch, needed, False, False
         permit.expires_at = self.clock() + self.config.lease_ttl_s
         permit.grantable_at = max([permit.queued_at, *(self.freed_at.get(m, 0.0) for m in needed)])
         self._touch(f"permit/{job.name}", permit)
