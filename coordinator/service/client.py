@@ -92,6 +92,7 @@ class JobInfo:
     permit_state: str
     pending_position: int  # 1-based place in the admission queue, 0 when admitted
     relocation: Relocation | None = None  # the job's latest relocation directive
+    learned: tuple[float, float, float] = (0.0, 0.0, 0.0)  # learned solo (roll, train, iteration) s; 0 = none
 
 
 def _permit(lease: pb.Lease) -> Permit:
@@ -104,7 +105,8 @@ def _info(msg: pb.JobStatus) -> JobInfo:
                    train_nodes=tuple(msg.train_nodes), next_phase=convert.PHASE_FROM_PB[msg.next_phase],
                    next_iteration=msg.next_iteration, permit_state=msg.permit_state,
                    pending_position=msg.pending_position,
-                   relocation=convert.relocation_from_pb(msg.relocation) if msg.HasField("relocation") else None)
+                   relocation=convert.relocation_from_pb(msg.relocation) if msg.HasField("relocation") else None,
+                   learned=(msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s))
 
 
 class CoordinatorClient:

@@ -470,6 +470,11 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStat
     rec = rt.relocations.get(name)
     if rec is not None:
         msg.relocation.CopyFrom(convert.relocation_to_pb(rec.to_model()))
+    group = rt.placement.groups.get(job.group_id)
+    member = group.members.get(name) if group is not None else None
+    if member is not None and member.profile.learned:
+        p = member.profile
+        msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s = p.t_roll_s, p.t_train_s, p.t_solo_s
     return msg
 
 

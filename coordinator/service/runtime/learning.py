@@ -41,11 +41,12 @@ class PhaseLearning(NodeLiveness):
         if self.learner is None or group is None or name not in group.members:
             return
         m = group.members[name]
-        solo_roll = max(0.0, roll_s - m.switch_roll_s) / m.roll_factor
-        solo_train = max(0.0, train_s - m.switch_train_s) / m.train_factor + (sync_s(m.spec) if m.colocated else 0.0)
+        solo_roll = round(max(0.0, roll_s - m.switch_roll_s) / m.roll_factor, 6)  # as stored: a reload learns the same
+        solo_train = round(max(0.0, train_s - m.switch_train_s) / m.train_factor
+                           + (sync_s(m.spec) if m.colocated else 0.0), 6)
         self.learner.observe(name, solo_roll, solo_train)
         window = self.learned.setdefault(name, [])
-        window.append((round(solo_roll, 6), round(solo_train, 6)))
+        window.append((solo_roll, solo_train))
         del window[:-self.learner.config.learn_window]
         self._dirty[f"learn/{name}"] = lambda w=list(window): dumps(w)
         self._joined(name)

@@ -16,7 +16,14 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.service.api import JobState, NodeState, NotFoundError, ServiceConfig
-from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord, RelocationRecord, dumps
+from rollmux.coordinator.service.records import (
+    JobRecord,
+    Meta,
+    NodeRecord,
+    PermitRecord,
+    RelocationRecord,
+    dumps,
+)
 from rollmux.model import ClusterSpec, Phase
 
 Clock = Callable[[], float]

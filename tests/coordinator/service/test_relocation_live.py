@@ -1,0 +1,197 @@
+"""Live relocation and learning against the real services: a real redis-server, the real coordinator
+process (`rollmux coordinator --redis`), real node streams, and in the end-to-end case real sidecars
+and the real tiny GRPO job processes.
+
+Scenario (as in test_relocation_runtime): A and B cannot share a training node (their training
+state fills its host DRAM), so B opens g1; C packs with A in g0. When A leaves, C alone holds g0
+and the coordinator directs it to g1, which frees g0's nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollmux.coordinator.service.client import CoordinatorClient, JobClient
+from rollmux.model import JobSpec, Phase, Pool, RelocationState
+
+from .conftest import RedisProcess, add_node, close_node_streams, free_port
+
+PY = sys.executable
+TB = 10**12
+pytestmark = pytest.mark.usefixtures("redis_server")
+
+
+class CoordinatorProcess:
+    """`rollmux coordinator` on Redis, SIGKILLed and restarted with the same instance id."""
+
+    def __init__(self, redis_url: str, workdir: Path, *flags: str) -> None:
+        self.port, self.url, self.dir, self.flags = free_port(), redis_url, workdir, flags
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.starts += 1
+        err = open(self.dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [PY, "-m", "rollmux", "coordinator", "--redis", self.url, "--listen", self.address, "--http", "",
+             "--lease-ttl", "2.0", "--heartbeat-interval", "0.3", "--instance-id", "reloc", "--log-format", "text",
+             *self.flags], stderr=err, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("coordinator did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def make_coordinator(redis_server: RedisProcess, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    made: list[CoordinatorProcess] = []
+
+    def make(*flags: str) -> CoordinatorProcess:
+        c = CoordinatorProcess(redis_server.url, tmp_path, *flags)
+        c.start()
+        made.append(c)
+        return c
+
+    yield make
+    close_node_streams()
+    for c in made:
+        c.kill()
+
+
+def spec(name: str, train_state: int, *, gpus: int = 8, t_s: float = 10.0) -> JobSpec:
+    return JobSpec(name=name, n_rollout_gpus=gpus, n_train_gpus=gpus, t_roll_s=t_s, t_train_s=t_s, slo=3.0,
+                   model_params_b=0.001, rollout_state_bytes=1 << 20, train_state_bytes=train_state)
+
+
+def three_jobs(client: CoordinatorClient, dram: int, **kw: float) -> dict[str, JobClient]:
+    jobs = {n: client.register_job(spec(n, s, **kw)) for n, s in  # type: ignore[arg-type]
+            (("A", int(0.6 * dram)), ("B", int(0.6 * dram)), ("C", 1 << 20))}
+    assert [jobs[n].status().group_id for n in "ABC"] == ["g0", "g1", "g0"]
+    return jobs
+
+
+def wait_for(what: str, cond, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_phase(job: JobClient, seconds: float = 0.0) -> tuple[Phase, int]:
+    info = job.status()
+    permit = job.acquire(info.next_phase, info.next_iteration, timeout_s=30)
+    time.sleep(seconds)
+    job.release(permit, seconds)
+    return permit.phase, permit.iteration
+
+
+def four_nodes(client: CoordinatorClient) -> None:
+    for i in range(2):
+        add_node(client, f"r{i}", Pool.ROLLOUT, host_dram_bytes=TB)
+        add_node(client, f"t{i}", Pool.TRAIN, host_dram_bytes=TB)
+
+
+def groups(client: CoordinatorClient) -> dict[str, list[str]]:
+    return {g.group_id: list(g.jobs) for g in client.cluster_state().groups}
+
+
+def test_a_coordinator_restart_between_directive_and_ack_neither_loses_nor_repeats_the_move(make_coordinator) -> None:
+    coord = make_coordinator("--no-learning")
+    client = CoordinatorClient(coord.address, retry_s=30.0)
+    four_nodes(client)
+    jobs = three_jobs(client, TB)
+    jobs["A"].deregister()
+    directive = wait_for("a directive", lambda: jobs["C"].status().relocation)
+    assert (directive.to_group, directive.state) == ("g1", RelocationState.PENDING)
+
+    coord.restart()  # SIGKILL: the directive must come back from Redis
+    again = wait_for("the reloaded directive", lambda: jobs["C"].status().relocation)
+    assert (again.epoch, again.state) == (directive.epoch, RelocationState.PENDING)
+    assert groups(client) == {"g0": ["C"], "g1": ["B"]}
+
+    wait_for("C's lease", lambda: jobs["C"].status().permit_state in ("expired", "queued", "granted"))
+    while jobs["C"].status().next_phase is not Phase.SYNC:  # Rollout(0), Train(0)
+        run_phase(jobs["C"])
+    info = jobs["C"].status()
+    permit = jobs["C"].acquire(info.next_phase, info.next_iteration, timeout_s=30)
+    rec, note = jobs["C"].ack_relocation(directive.epoch)  # holding Sync(0): not a boundary
+    assert rec.state is RelocationState.PENDING and "boundary" in note
+    jobs["C"].release(permit, 0.0)
+    rec, _ = jobs["C"].ack_relocation(directive.epoch)
+    assert rec.state is RelocationState.SWITCHED and (rec.rollout_nodes, rec.train_nodes) == (("r1",), ("t1",))
+
+    coord.restart()  # after the switch, before the job moves on: still one move
+    rec2, note = jobs["C"].ack_relocation(directive.epoch)
+    assert rec2.state is RelocationState.SWITCHED and rec2.switched_epoch == rec.switched_epoch, note
+    assert groups(client) == {"g1": ["B", "C"]}
+    nodes = {n.node_id: n.group_id for n in client.cluster_state().nodes}
+    assert nodes["r0"] == nodes["t0"] == ""  # g0's nodes released
+    assert run_phase(jobs["C"]) == (Phase.ROLLOUT, 1)  # iteration count kept, now on r1
+    assert jobs["C"].status().rollout_nodes == ("r1",)
+    client.close()
+
+
+def test_a_directive_not_honoured_in_time_expires_and_the_job_keeps_its_place(make_coordinator) -> None:
+    coord = make_coordinator("--no-learning", "--relocation-deadline", "1.5")
+    client = CoordinatorClient(coord.address, retry_s=30.0)
+    four_nodes(client)
+    jobs = three_jobs(client, TB)
+    jobs["A"].deregister()
+    directive = wait_for("a directive", lambda: jobs["C"].status().relocation)
+    expired = wait_for("the directive to expire", lambda: (r := jobs["C"].status().relocation)
+                       and r.state is RelocationState.EXPIRED and r, timeout_s=10)
+    assert expired.epoch == directive.epoch
+    assert groups(client) == {"g0": ["C"], "g1": ["B"]}
+    assert jobs["C"].ack_relocation(directive.epoch)[0].state is RelocationState.EXPIRED
+    assert [run_phase(jobs["C"]) for _ in range(3)] == [(Phase.ROLLOUT, 0), (Phase.TRAIN, 0), (Phase.SYNC, 0)]
+    assert jobs["C"].status().group_id == "g0"
+    client.close()
+
+
+def test_learning_updates_the_profile_from_releases_and_keeps_it_over_a_restart(make_coordinator) -> None:
+    coord = make_coordinator("--no-regroup")
+    client = CoordinatorClient(coord.address, retry_s=30.0)
+    four_nodes(client)
+    job = client.register_job(spec("L", 1 << 20))
+    assert job.status().learned == (0.0, 0.0, 0.0)
+    for _ in range(5):
+        for seconds in (0.2, 0.1, 0.02):
+            run_phase(job, seconds)
+    roll, train, solo = job.status().learned
+    assert roll == pytest.approx(0.2, abs=0.1) and 0.0 < train < 1.0
+    assert solo < 1.0  # the SLO is judged against the measured solo iteration, not the planned 10 + 10 s
+    coord.restart()
+    assert wait_for("the reloaded profile", lambda: job.status().learned) == (roll, train, solo)
+    client.close()
