@@ -47,8 +47,9 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
     """Honour the pending directive now, at an iteration boundary (outside any phase).
 
     Args:
-        checkpoint: called once the coordinator switched the job, before this rank leaves its node.
-        restore: called once this rank is attached on its new node.
+        checkpoint: called once the coordinator switched the job, before this rank leaves its node
+            (state registered with ``rollmux.register_state`` is loaded while it runs).
+        restore: called once this rank is attached on its new node (registered state loaded).
         wait_s: keep acknowledging this long while the coordinator has not yet seen the job reach
             its boundary (the rank that runs the Rollout passes a few seconds: the other rank's Sync
             release may still be on its way).
@@ -88,6 +89,9 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
         return False
     nodes = d.rollout_nodes if rt.pool == "rollout" else d.train_nodes
     target = rt.node_id if rt.node_id in nodes or not nodes else nodes[0]
+    cache = rt.cache  # registered state is loaded while checkpoint and restore run, offloaded again after
+    if cache is not None:
+        cache.reload()
     if checkpoint is not None:
         checkpoint()
     old = rt.node_id
@@ -96,6 +100,8 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
     rt.relocated.add(d.epoch)
     if restore is not None:
         restore()
+    if cache is not None:
+        cache.offload()
     _log(rt, d, old)
     return True
 

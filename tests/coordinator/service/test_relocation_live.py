@@ -195,3 +195,102 @@ def test_learning_updates_the_profile_from_releases_and_keeps_it_over_a_restart(
     coord.restart()
     assert wait_for("the reloaded profile", lambda: job.status().learned) == (roll, train, solo)
     client.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end: real sidecars and the real tiny GRPO job processes
+# ------------------------------------------------------------------------------------------------
+
+def start_sidecars(procs, coord: CoordinatorProcess, sockdir: Path, workdir: Path) -> None:  # type: ignore[no-untyped-def]
+    for node, pool in (("r0", "rollout"), ("r1", "rollout"), ("t0", "train"), ("t1", "train")):
+        procs.spawn(node, ["-m", "rollmux", "sidecar", "--coordinator", coord.address, "--node-id", node,
+                           "--pool", pool, "--socket", str(sockdir / f"{node}.sock"), "--no-nvml",
+                           "--heartbeat-s", "0.2", "--event-log", str(workdir / "nodes.jsonl"),
+                           "--ready-file", str(workdir / f"{node}.ready")], log=workdir / f"{node}.log")
+    for node in ("r0", "r1", "t0", "t1"):
+        wait_for(f"sidecar {node}", lambda n=node: (workdir / f"{n}.ready").exists(), timeout_s=120)
+
+
+def launch_tiny(procs, name: str, token: str, nodes: tuple[str, str], iterations: int, sockdir: Path,  # type: ignore[no-untyped-def]
+                workdir: Path) -> list[subprocess.Popen[bytes]]:
+    from rollmux.sidecar import env
+
+    init = f"tcp://127.0.0.1:{free_port()}"
+    out = []
+    for rank, node in ((0, nodes[1]), (1, nodes[0])):  # rank 0 trains, rank 1 rolls out
+        extra = {env.SIDECAR_SOCKET: str(sockdir / f"{node}.sock"), env.JOB: name, env.JOB_TOKEN: token,
+                 env.RANK: str(rank), env.EVENT_LOG: str(workdir / "phases.jsonl"),
+                 env.SIDECAR_SOCKET_TEMPLATE: str(sockdir / "{node}.sock")}
+        argv = ["-m", "rollmux.demo.tiny_grpo.rollmux_rank", "--rank", str(rank), "--init-method", init,
+                "--job-id", name, "--iterations", str(iterations), "--prompts", "4", "--group-size", "4",
+                "--max-new-tokens", "6", "--minibatches", "1", "--checkpoint-dir", str(workdir)]
+        if rank == 0:
+            argv += ["--log-file", str(workdir / f"{name}.jsonl")]
+        out.append(procs.spawn(f"{name}-r{rank}", argv, log=workdir / f"{name}-r{rank}.log", extra_env=extra))
+    return out
+
+
+def run_b(job: JobClient, stop: threading.Event, log: list[tuple[str, str, float, float]]) -> None:
+    """Job B: short phases until told to stop, logging (job, node, start, end) of each lease."""
+    while not stop.is_set():
+        info = job.status()
+        permit = job.acquire(info.next_phase, info.next_iteration, timeout_s=60)
+        start = time.time()
+        time.sleep(0.05)
+        end = time.time()
+        log += [("B", n, start, end) for n in permit.nodes]
+        job.release(permit, end - start)
+
+
+def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def test_a_job_relocated_by_the_live_service_keeps_its_iterations_and_order_and_frees_the_nodes(
+        make_coordinator, tmp_path: Path) -> None:
+    from rollmux.demo.launch import Procs
+    from rollmux.sidecar.gpu import host_dram_bytes
+
+    coord = make_coordinator("--no-learning", "--gpus-per-node", "1")
+    client = CoordinatorClient(coord.address, retry_s=30.0)
+    procs = Procs(cwd=tmp_path)
+    sockdir = Path(tempfile.mkdtemp(prefix="rmx-"))  # short path: sun_path is 107 bytes
+    stop, b_log = threading.Event(), []  # type: ignore[var-annotated]
+    try:
+        start_sidecars(procs, coord, sockdir, tmp_path)
+        jobs = three_jobs(client, host_dram_bytes(), gpus=1, t_s=1.0)
+        b = threading.Thread(target=run_b, args=(jobs["B"], stop, b_log), daemon=True)
+        b.start()
+        iterations = 8
+        ranks = launch_tiny(procs, "C", jobs["C"].token, ("r0", "t0"), iterations, sockdir, tmp_path)
+        ranks += launch_tiny(procs, "A", jobs["A"].token, ("r0", "t0"), 2, sockdir, tmp_path)
+        assert groups(client) == {"g0": ["A", "C"], "g1": ["B"]}
+        switched = wait_for("C to be switched to g1", lambda: (r := jobs["C"].status().relocation)
+                            and r.state is RelocationState.SWITCHED and r, timeout_s=180)
+        assert switched.to_group == "g1" and groups(client) == {"g1": ["B", "C"]}  # one group fewer
+        nodes = {n.node_id: n for n in client.cluster_state().nodes}
+        assert nodes["r0"].group_id == nodes["t0"].group_id == "" and not nodes["r0"].HasField("holder")
+        for p in ranks:
+            assert p.wait(180) == 0, (tmp_path / "C-r0.log").read_text()[-2000:]
+    finally:
+        stop.set()
+        procs.terminate()
+        client.close()
+
+    trained = read_jsonl(tmp_path / "C.jsonl")
+    assert [r["iteration"] for r in trained] == list(range(iterations))  # every iteration once, in order
+    events = read_jsonl(tmp_path / "phases.jsonl")
+    moved = [e for e in events if e.get("event") == "relocated" and e["job"] == "C"]
+    assert {(e["rank"], e["from_node"], e["node"]) for e in moved} == {(0, "t0", "t1"), (1, "r0", "r1")}
+    owned = sorted((e for e in events if e.get("job") == "C" and e.get("owner")), key=lambda e: e["t_start"])
+    order = [(e["phase"], e["iteration"]) for e in owned]
+    assert order == [(ph, it) for it in range(iterations) for ph in ("rollout", "train", "sync")][:len(order)]
+    assert len(order) == 3 * iterations - 1  # the last Sync has no next rollout to feed (job.py's loop)
+    switch_at = min(e["t"] for e in moved)
+    before = {e["node"] for e in owned if e["t_end"] < switch_at}
+    after = {e["node"] for e in owned if e["t_start"] > switch_at}
+    assert before == {"r0", "t0"} and after == {"r1", "t1"}
+    leases = [(e["job"], e["node"], e["t_start"], e["t_end"]) for e in events if e.get("owner")] + b_log
+    for i, (j1, n1, s1, e1) in enumerate(leases):  # never two jobs on one node at once
+        for j2, n2, s2, e2 in leases[i + 1:]:
+            assert not (n1 == n2 and j1 != j2 and s1 < e2 and s2 < e1), (j1, j2, n1)
