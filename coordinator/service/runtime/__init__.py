@@ -98,6 +98,11 @@ class Runtime(Relocations):
                     assert n not in held, f"node {n} held by both {held[n]} and {p.job}"
                     held[n] = p.job
         assert held == self.holder, f"holder map {self.holder} disagrees with leases {held}"
+        for p in self.permits.values():  # a lease holds only nodes of its job's group (relocation moved it whole)
+            job = self.jobs.get(p.job)
+            if p.state is PermitState.GRANTED and job is not None:
+                outside = set(p.nodes) - set(self.phase_nodes(job, p.phase))
+                assert not outside, f"{p.describe()} holds node(s) {sorted(outside)} outside job {p.job}'s group"
         for n, job in self.served.items():
             gid = self.placement.node_group.get(n)
             ring = self.rings(gid).get(n) if gid is not None else None
