@@ -10,9 +10,6 @@ and the coordinator directs it to g1, which frees g0's nodes.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,45 +23,15 @@ import pytest
 from rollmux.coordinator.service.client import CoordinatorClient, JobClient
 from rollmux.model import JobSpec, Phase, Pool, RelocationState
 
-from .conftest import RedisProcess, add_node, close_node_streams, free_port
+from .conftest import CoordinatorProcess, RedisProcess, add_node, close_node_streams, free_port
 
 PY = sys.executable
 TB = 10**12
 pytestmark = pytest.mark.usefixtures("redis_server")
 
 
-class CoordinatorProcess:
-    """`rollmux coordinator` on Redis, SIGKILLed and restarted with the same instance id."""
-
-    def __init__(self, redis_url: str, workdir: Path, *flags: str) -> None:
-        self.port, self.url, self.dir, self.flags = free_port(), redis_url, workdir, flags
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.starts += 1
-        err = open(self.dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [PY, "-m", "rollmux", "coordinator", "--redis", self.url, "--listen", self.address, "--http", "",
-             "--lease-ttl", "2.0", "--heartbeat-interval", "0.3", "--instance-id", "reloc", "--log-format", "text",
-             *self.flags], stderr=err, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("coordinator did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+class Coordinator(CoordinatorProcess):
+    """The coordinator process, restartable in one call."""
 
     def restart(self) -> None:
         self.kill()
@@ -73,10 +40,10 @@ class CoordinatorProcess:
 
 @pytest.fixture
 def make_coordinator(redis_server: RedisProcess, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    made: list[CoordinatorProcess] = []
+    made: list[Coordinator] = []
 
-    def make(*flags: str) -> CoordinatorProcess:
-        c = CoordinatorProcess(redis_server.url, tmp_path, *flags)
+    def make(*flags: str) -> Coordinator:
+        c = Coordinator(redis_server.url, tmp_path, "--heartbeat-interval", "0.3", *flags, instance_id="reloc")
         c.start()
         made.append(c)
         return c
@@ -201,7 +168,7 @@ def test_learning_updates_the_profile_from_releases_and_keeps_it_over_a_restart(
 # end to end: real sidecars and the real tiny GRPO job processes
 # ------------------------------------------------------------------------------------------------
 
-def start_sidecars(procs, coord: CoordinatorProcess, sockdir: Path, workdir: Path) -> None:  # type: ignore[no-untyped-def]
+def start_sidecars(procs, coord: Coordinator, sockdir: Path, workdir: Path) -> None:  # type: ignore[no-untyped-def]
     for node, pool in (("r0", "rollout"), ("r1", "rollout"), ("t0", "train"), ("t1", "train")):
         procs.spawn(node, ["-m", "rollmux", "sidecar", "--coordinator", coord.address, "--node-id", node,
                            "--pool", pool, "--socket", str(sockdir / f"{node}.sock"), "--no-nvml",
