@@ -302,6 +302,9 @@ class Coordinator:
                 if permit is not None and permit.state is PermitState.GRANTED:
                     self._granted[permit.phase is Phase.ROLLOUT].inc()
                     self.metrics.grant_latency.observe(max(0.0, self.clock() - permit.grantable_at))
+            if n.kind is NoticeKind.RELOCATE and (rec := self.rt.relocations.get(n.job)) is not None:
+                self.metrics.relocations.labels(outcome="issued" if rec.state.value == "pending"
+                                                else rec.state.value).inc()
             if n.kind is NoticeKind.REVOKED and n.reason != "lease expired":
                 self.metrics.permits_revoked.labels(reason="removed").inc()
             if n.job:

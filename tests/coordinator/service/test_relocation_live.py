@@ -261,3 +261,17 @@ def test_a_job_relocated_by_the_live_service_keeps_its_iterations_and_order_and_
     for i, (j1, n1, s1, e1) in enumerate(leases):  # never two jobs on one node at once
         for j2, n2, s2, e2 in leases[i + 1:]:
             assert not (n1 == n2 and j1 != j2 and s1 < e2 and s2 < e1), (j1, j2, n1)
+
+
+def test_the_service_counts_directives_by_outcome(coordinator, client: CoordinatorClient) -> None:
+    four_nodes(client)
+    jobs = three_jobs(client, TB)
+    counter = coordinator.core.metrics.relocations
+    jobs["A"].deregister()
+    directive = wait_for("a directive", lambda: jobs["C"].status().relocation)
+    assert counter.labels(outcome="issued")._value.get() == 1
+    for _ in range(3):
+        run_phase(jobs["C"])
+    assert jobs["C"].ack_relocation(directive.epoch)[0].state is RelocationState.SWITCHED
+    assert counter.labels(outcome="switched")._value.get() == 1
+    assert counter.labels(outcome="expired")._value.get() == 0
