@@ -64,14 +64,14 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
         ShimConfigError: this rank must move but ``ROLLMUX_SIDECAR_SOCKET_TEMPLATE`` is unset (start
             it on its new node from the checkpoint instead).
     """
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.proto.convert import relocation_from_pb
     from rollmux.sidecar import shim
 
     rt = shim._active()  # noqa: SLF001
     d = relocation()
     if rt is None or d is None:
-        return False
+        return False  # not opted in (grpc never imported), or nothing to do
+    from rollmux.proto import sidecar_v1_pb2 as spb
+    from rollmux.proto.convert import relocation_from_pb
     if rt.current is not None:
         raise RankLeaseError(f"rollmux.relocate() inside phase {rt.current.phase!r}: call it at an iteration "
                              "boundary, outside rollmux.phase")
