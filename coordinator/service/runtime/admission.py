@@ -93,11 +93,11 @@ class Admission(GrantQueues):
         free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
                 Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
         decision = self.policy.place(job.spec, self.placement)
-        if not _fits(decision, free) and job.spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
+        if not decision_fits(decision, free) and job.spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
             # The fleet is what it is: when the cheapest mode needs nodes that are not free, fall
             # back to the disaggregated placement (the paper's), which may fit the nodes there are.
             decision = self.policy.place(replace(job.spec, deployment=Deployment.DISAGGREGATED), self.placement)
-        if not _fits(decision, free):
+        if not decision_fits(decision, free):
             return False
 
         def allocate(pool: Pool, count: int) -> list[str]:
@@ -159,7 +159,7 @@ class Admission(GrantQueues):
 
 
 
-def _fits(decision: PlacementDecision, free: dict[Pool, list[str]]) -> bool:
+def decision_fits(decision: PlacementDecision, free: dict[Pool, list[str]]) -> bool:
     """The free nodes can host the decision's new nodes (a group co-located on rollout-pool GPUs
     takes its "training" nodes from the rollout pool)."""
     need = {Pool.ROLLOUT: decision.new_rollout_nodes, Pool.TRAIN: 0}

@@ -27,7 +27,7 @@ from rollmux.coordinator.policy.api import PlacementDecision
 from rollmux.coordinator.policy.regroup import freed_usd_per_h, plan_moves
 from rollmux.coordinator.service.api import FailedPreconditionError, PermitState
 from rollmux.coordinator.service.records import JobRecord, PermitRecord, RelocationRecord
-from rollmux.coordinator.service.runtime.admission import _fits
+from rollmux.coordinator.service.runtime.admission import decision_fits
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import PERMIT_TRANSITIONS, RELOCATION_TRANSITIONS, transition
@@ -70,7 +70,7 @@ class Relocations(LongTailMigration):
 
     def _fits_free(self, decision: PlacementDecision) -> bool:
         spec = self.jobs[decision.job].spec
-        return _fits(decision, {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
+        return decision_fits(decision, {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
                                 Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)})
 
     def _issue(self, name: str, from_group: str, decision: PlacementDecision, reason: str) -> RelocationRecord:
