@@ -34,6 +34,13 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """Transport limit on received messages; above `ServiceConfig.max_request_bytes` (validated by the servicer)."""
 MAX_SEND_BYTES = 256 * 1024 * 1024
 """Answers may be large: the cluster state of a few hundred jobs is several MiB."""
+MAX_PENDING_CALLS = 100_000
+"""Calls that may wait for a handler before gRPC's server sheds new ones as CANCELLED.
+
+gRPC's default (`grpc.server.max_pending_requests` 1,000, shedding at random above it up to a hard
+limit of 3,000) drops part of the burst a cluster makes after a failover, when every job and every
+sidecar (thousands of calls) reconnects at once; those calls are cheap to hold (a few kB each).
+"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +99,9 @@ async def start(opts: ServerOptions, store: Store | None = None) -> Running:
                        leader_ttl_s=opts.leader_ttl_s, policy=policy)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_message_bytes),
                                       ("grpc.max_send_message_length", MAX_SEND_BYTES),
-                                      ("grpc.so_reuseport", 0)])
+                                      ("grpc.so_reuseport", 0),
+                                      ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                                      ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS)])
     servicer = CoordinatorServicer(core, Authenticator(opts.secret), lambda s: resolved_spec(s, opts.cluster))
     pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
