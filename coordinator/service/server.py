@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from rollmux.coordinator.policy.api import PolicyConfig, create_policy
+from rollmux.coordinator.service import gc_tuning
 from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
@@ -143,8 +144,20 @@ async def stop(running: Running) -> None:
 
 
 async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | None = None) -> None:
-    """Run until cancelled."""
+    """Run until cancelled, as this process's one job: with the coordinator's garbage-collector
+    settings (`gc_tuning`), settling the heap each time the state is (re)loaded."""
+    gc_tuning.tune()
     running = await start(opts)
+    set_health = running.core.on_ready_change
+
+    def on_ready(ready: bool) -> None:
+        set_health(ready)
+        if ready:
+            log.info("heap settled after loading the state: %d objects frozen", gc_tuning.settle())
+
+    running.core.on_ready_change = on_ready
+    if running.core.ready:
+        on_ready(True)
     if on_started:
         on_started(running)
     try:
