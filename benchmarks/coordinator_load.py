@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -199,6 +200,7 @@ async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: flo
 
     c0 = time.process_time()
     tasks = [asyncio.ensure_future(one(*j)) for j in jobs]
+    _quiet_heap()
     await asyncio.sleep(max(0.0, t_measure - time.monotonic()))
     c_measure = time.process_time()
     await asyncio.sleep(max(0.0, t_end - time.monotonic()))
@@ -232,10 +234,31 @@ async def _node_streams_main(address: str, node_ids: list[str]) -> None:
             await asyncio.sleep(NODE_HEARTBEAT_S)
 
     async def hold(node_id: str) -> None:
-        async for _ in stub.NodeStream(beats(), metadata=[(NODE_METADATA_KEY, node_id)]):
-            pass
+        delay = 0.05
+        while True:  # as a sidecar does (NodeSession): reconnect with backoff whenever the stream ends
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                async for _ in stub.NodeStream(beats(), metadata=[(NODE_METADATA_KEY, node_id)]):
+                    delay = 0.05
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
+    _quiet_heap()
     await asyncio.gather(*(hold(n) for n in node_ids))
+
+
+def _quiet_heap() -> None:
+    """Keep this load generator's own garbage collections out of the latency it measures.
+
+    One client process holds a thousand jobs' coroutines and calls (a real job's shim holds one),
+    so with CPython's defaults its full collections pause it for tens of ms while answers wait
+    unread: that is the benchmark's cost, not the coordinator's. Its heap is settled the way the
+    coordinator's is (`coordinator.service.gc_tuning`): the same thresholds, and what lives for the
+    whole run frozen out of later collections.
+    """
+    from rollmux.coordinator.service import gc_tuning
+
+    gc_tuning.tune()
+    gc_tuning.settle()
 
 
 def _node_streams_proc(address: str, node_ids: list[str]) -> None:

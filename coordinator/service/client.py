@@ -8,7 +8,9 @@
     permit = job.acquire(Phase.TRAIN, 0, timeout_s=600)           # or by hand: acquire/renew/release
     job.release(permit, duration_s=12.5)
 
-Every call retries UNAVAILABLE (coordinator restarting, Redis recovering, standby taking over) with
+Every call retries UNAVAILABLE (coordinator restarting, Redis recovering, standby taking over),
+DEADLINE_EXCEEDED and CANCELLED (which a blocking call only gets from the server side: gRPC's
+server sheds calls beyond its pending-call limit as CANCELLED before any handler runs) with
 exponential backoff for up to `retry_s`, rotating through the given addresses. Refusals raise the
 same `ServiceError` subclasses the server uses (`StaleEpochError`, `PermissionDeniedError`, ...).
 """
@@ -62,6 +64,11 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[ServiceError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.UNAVAILABLE: NotReadyError,
 }
+
+
+_RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+"""Codes a blocking call retries. This client never cancels a call it waits on, so CANCELLED comes
+from the server: shed under a burst (see `server.MAX_PENDING_CALLS`) or cut by its shutdown."""
 
 
 def _error(exc: grpc.RpcError) -> ServiceError:
@@ -147,7 +154,9 @@ class CoordinatorClient:
 
     def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
              metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None) -> Any:
-        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s` (default: the client's).
+        """Invoke `method`, retrying UNAVAILABLE, DEADLINE_EXCEEDED and CANCELLED with backoff for up to
+        `retry_s` (default: the client's). Every call is safe to repeat: registrations carry a nonce,
+        permit calls an epoch (a repeated release answers `already_released`).
 
         Raises:
             ServiceError: the coordinator refused the call (or stayed unavailable).
@@ -162,7 +171,7 @@ class CoordinatorClient:
             try:
                 return getattr(self._stub(), method)(request, timeout=timeout_s, metadata=md)
             except grpc.RpcError as exc:
-                retriable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                retriable = exc.code() in _RETRIABLE
                 if not retriable or time.monotonic() + delay > deadline:
                     raise _error(exc) from None
                 self._rotate()

@@ -212,26 +212,38 @@ class Coordinator:
         last = self.clock()
         while True:
             await asyncio.sleep(1.0)
-            now, dt = self.clock(), self.clock() - last
+            now = self.clock()
+            self._refresh_gauges(now - last)
             last = now
-            rt = self.rt
-            qlen = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
-            for node_id, q in rt.queues.items():
-                node = rt.nodes.get(node_id)
-                if node is None:
-                    continue
-                qlen[node.pool] += len(q)
-                if q and node_id not in rt.holder:
+
+    def _refresh_gauges(self, dt: float) -> None:
+        """One pass over the nodes and one over the jobs: this runs on the event loop between grants,
+        so at thousands of jobs it must not walk the round-robin rings (`Runtime.queues`)."""
+        rt = self.rt
+        waiting = rt.queued_per_node()
+        qlen = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
+        ready = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
+        node_states = dict.fromkeys(("ready", "lost", "draining", "drained"), 0)
+        for node_id, node in rt.nodes.items():
+            node_states[node.state.value] = node_states.get(node.state.value, 0) + 1
+            if node.state is NodeState.READY:
+                ready[node.pool] += 1
+            n = waiting.get(node_id, 0)
+            if n:
+                qlen[node.pool] += n
+                if node_id not in rt.holder:
                     self.metrics.bubble_seconds.labels(pool=node.pool.value).inc(dt)
-            for pool, n in qlen.items():
-                self.metrics.queue_length.labels(pool=pool.value).set(n)
-                self.metrics.pool_nodes.labels(pool=pool.value).set(
-                    sum(nd.pool is pool and nd.state is NodeState.READY for nd in rt.nodes.values()))
-            self.metrics.provisioned_usd_per_h.set(rt.placement.usd_per_h)
-            for state in ("pending", "admitted"):
-                self.metrics.jobs.labels(state=state).set(sum(j.state.value == state for j in rt.jobs.values()))
-            for state in ("ready", "lost", "draining", "drained"):
-                self.metrics.nodes.labels(state=state).set(sum(n.state.value == state for n in rt.nodes.values()))
+        for pool in (Pool.ROLLOUT, Pool.TRAIN):
+            self.metrics.queue_length.labels(pool=pool.value).set(qlen[pool])
+            self.metrics.pool_nodes.labels(pool=pool.value).set(ready[pool])
+        self.metrics.provisioned_usd_per_h.set(rt.placement.usd_per_h)
+        job_states = dict.fromkeys(("pending", "admitted"), 0)
+        for job in rt.jobs.values():
+            job_states[job.state.value] = job_states.get(job.state.value, 0) + 1
+        for state in ("pending", "admitted"):
+            self.metrics.jobs.labels(state=state).set(job_states[state])
+        for state in ("ready", "lost", "draining", "drained"):
+            self.metrics.nodes.labels(state=state).set(node_states[state])
 
     # ------------------------------------------------------------------------------------------
     # transitions

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from rollmux.coordinator.policy.api import create_policy
+from rollmux.coordinator.service import gc_tuning
 from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
@@ -35,6 +36,13 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """Transport limit on received messages; above `ServiceConfig.max_request_bytes` (validated by the servicer)."""
 MAX_SEND_BYTES = 256 * 1024 * 1024
 """Answers may be large: the cluster state of a few hundred jobs is several MiB."""
+MAX_PENDING_CALLS = 100_000
+"""Calls that may wait for a handler before gRPC's server sheds new ones as CANCELLED.
+
+gRPC's default (`grpc.server.max_pending_requests` 1,000, shedding at random above it up to a hard
+limit of 3,000) drops part of the burst a cluster makes after a failover, when every job and every
+sidecar (thousands of calls) reconnects at once; those calls are cheap to hold (a few kB each).
+"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +101,9 @@ async def start(opts: ServerOptions, store: Store | None = None) -> Running:
                        leader_ttl_s=opts.leader_ttl_s, policy=policy)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_message_bytes),
                                       ("grpc.max_send_message_length", MAX_SEND_BYTES),
-                                      ("grpc.so_reuseport", 0)])
+                                      ("grpc.so_reuseport", 0),
+                                      ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                                      ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS)])
     servicer = CoordinatorServicer(core, Authenticator(opts.secret), lambda s: resolved_spec(s, opts.cluster))
     pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
@@ -135,8 +145,20 @@ async def stop(running: Running) -> None:
 
 
 async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | None = None) -> None:
-    """Run until cancelled."""
+    """Run until cancelled, as this process's one job: with the coordinator's garbage-collector
+    settings (`gc_tuning`), settling the heap each time the state is (re)loaded."""
+    gc_tuning.tune()
     running = await start(opts)
+    set_health = running.core.on_ready_change
+
+    def on_ready(ready: bool) -> None:
+        set_health(ready)
+        if ready:
+            log.info("heap settled after loading the state: %d objects frozen", gc_tuning.settle())
+
+    running.core.on_ready_change = on_ready
+    if running.core.ready:
+        on_ready(True)
     if on_started:
         on_started(running)
     try:
