@@ -143,7 +143,8 @@ class CoordinatorClient:
 
     def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
              metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None) -> Any:
-        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s` (default: the client's).
+        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s` (default: the client's)
+        from its first failure (a long-polling call that fails after minutes still gets its retries).
 
         Raises:
             ServiceError: the coordinator refused the call (or stayed unavailable).
@@ -152,13 +153,15 @@ class CoordinatorClient:
         tok = token if token is not None else self.token
         if tok:
             md.append(("authorization", f"Bearer {tok}"))
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        window = self.retry_s if retry_s is None else retry_s
+        deadline = 0.0  # set at the first failure: a long server-side wait does not use up the retry window
         delay = 0.02
         while True:
             try:
                 return getattr(self._stub(), method)(request, timeout=timeout_s, metadata=md)
             except grpc.RpcError as exc:
                 retriable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                deadline = deadline or time.monotonic() + window
                 if not retriable or time.monotonic() + delay > deadline:
                     raise _error(exc) from None
                 self._rotate()
