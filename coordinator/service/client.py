@@ -125,9 +125,10 @@ class CoordinatorClient:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
 
-    def _stub(self) -> pb_grpc.CoordinatorStub:
+    def _stub(self, index: int | None = None) -> pb_grpc.CoordinatorStub:
+        """The stub of target `index` (default: the one that answered last)."""
         with self._lock:
-            target = self.targets[self._index % len(self.targets)]
+            target = self.targets[(self._index if index is None else index) % len(self.targets)]
             ch = self._channels.get(target)
             if ch is None:
                 opts = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 1000),
@@ -156,15 +157,18 @@ class CoordinatorClient:
         window = self.retry_s if retry_s is None else retry_s
         deadline = 0.0  # set at the first failure: a long server-side wait does not use up the retry window
         delay = 0.02
+        index = self._index  # this call walks the targets itself: concurrent retries cannot skip one for it
         while True:
             try:
-                return getattr(self._stub(), method)(request, timeout=timeout_s, metadata=md)
+                resp = getattr(self._stub(index), method)(request, timeout=timeout_s, metadata=md)
+                self._index = index  # the next calls start at the target that answered
+                return resp
             except grpc.RpcError as exc:
                 retriable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 deadline = deadline or time.monotonic() + window
                 if not retriable or time.monotonic() + delay > deadline:
                     raise _error(exc) from None
-                self._rotate()
+                index += 1
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

@@ -105,6 +105,7 @@ class Admission(GrantQueues):
         self._touch(f"job/{job.name}", job)
         permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
         self.permits[job.name] = permit
+        self._touch(f"permit/{job.name}", permit)  # stored even while queued: a reload must find it
         self._enqueue(permit)
         self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
         self._pump(job.rollout_nodes)
