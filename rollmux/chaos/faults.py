@@ -93,12 +93,23 @@ class Injector:
 
     def _sidecar_restart(self) -> dict[str, Any]:
         node = self.rng.choice(sorted(self.deploy.sidecars))
+        idle = not self._hosts_jobs(node)
         sidecar = self.deploy.sidecars[node]
         sidecar.kill()
         t = time.time()
         time.sleep(self.rng.uniform(0.2, 1.0))
         sidecar.start(wait=True, timeout_s=90.0)
-        return {"t": t, "ready_t": time.time(), "nodes": [node]}
+        return {"t": t, "ready_t": time.time(), "nodes": [node], "idle": idle}
+
+    def _hosts_jobs(self, node: str) -> bool:
+        """Whether any registered job is placed on `node` (a fault on an idle node has nothing to recover)."""
+        from rollmux.coordinator.service.api import ServiceError
+
+        try:
+            jobs = self.jobs.op.cluster_state().jobs
+        except ServiceError:
+            return True
+        return any(node in (*j.rollout_nodes, *j.train_nodes) for j in jobs)
 
     def _rank_kill(self) -> dict[str, Any] | None:
         deadline = time.monotonic() + 10

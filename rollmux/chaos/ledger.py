@@ -11,7 +11,7 @@ when the faulty part served again, ``nodes``: the nodes it took away, if any).
   increasing), are Rollout(0), Train(0), Sync(0), Rollout(1), ... with nothing missing (lost) and
   nothing twice (repeated); a completed run released all of them, an aborted one a prefix.
 * Recovery: from each fault to the first phase granted after the faulty part served again (on the
-  fault's nodes when it names some).
+  fault's nodes when it names some; a fault on nodes no job was placed on is counted as idle).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Verdict:
     runs: tuple[RunCheck, ...]
     faults: Counter[str] = field(default_factory=Counter)
     recovery_s: dict[str, list[float]] = field(default_factory=dict)
-    unrecovered: Counter[str] = field(default_factory=Counter)
+    unrecovered: Counter[str] = field(default_factory=Counter)  # not recovered within the limit
+    idle: Counter[str] = field(default_factory=Counter)  # struck nodes no job was placed on
 
     @property
     def lost(self) -> int:
@@ -139,6 +140,8 @@ def recovery(faults: Sequence[Mapping[str, Any]], starts: Sequence[Mapping[str, 
     missed: Counter[str] = Counter()
     ordered = sorted(starts, key=lambda e: e["t"])
     for f in faults:
+        if f.get("idle"):
+            continue  # nothing ran on its nodes: nothing to recover
         after = max(float(f["t"]), float(f.get("ready_t") or f["t"]))
         nodes = set(f.get("nodes") or ())
         first = next((e["t"] for e in ordered if e["t"] > after and (not nodes or nodes & set(e["nodes"]))), None)
@@ -164,17 +167,18 @@ def judge(events: Sequence[Mapping[str, Any]], outcomes: Mapping[str, bool], *, 
     return Verdict(phases_completed=sum(len(v) for v in released.values()),
                    violations=tuple(exclusion_violations(per_node)),
                    unclosed=sum(not iv.closed for ivs in per_node.values() for iv in ivs),
-                   runs=runs, faults=Counter(f["kind"] for f in faults), recovery_s=times, unrecovered=missed)
+                   runs=runs, faults=Counter(f["kind"] for f in faults), recovery_s=times, unrecovered=missed,
+                   idle=Counter(f["kind"] for f in faults if f.get("idle")))
 
 
 def table(v: Verdict) -> str:
     """The verdict as a plain-text report."""
-    lines = ["fault kind           injected  recovered  recovery p50 s  max s"]
+    lines = ["fault kind           injected  idle  recovered  recovery p50 s  max s"]
     for kind in sorted(v.faults):
         ts = v.recovery_s.get(kind, [])
         p50 = f"{statistics.median(ts):.2f}" if ts else "-"
         mx = f"{max(ts):.2f}" if ts else "-"
-        lines.append(f"{kind:<20} {v.faults[kind]:>8}  {len(ts):>9}  {p50:>14}  {mx:>5}")
+        lines.append(f"{kind:<20} {v.faults[kind]:>8}  {v.idle[kind]:>4}  {len(ts):>9}  {p50:>14}  {mx:>5}")
     done = sum(r.completed for r in v.runs)
     lines += [f"faults injected: {sum(v.faults.values())}",
               f"phases completed: {v.phases_completed} (runs: {done} completed, {len(v.runs) - done} aborted by a fault)",
