@@ -31,10 +31,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes], what: str) -> None:
+def wait_port(port: int, timeout_s: float = 30.0, *, proc: subprocess.Popen[bytes] | None = None,
+              what: str = "the process") -> None:
+    """Wait until something accepts TCP connections on 127.0.0.1:`port` (fail early if `proc` exits)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise ProcessStartError(f"{what} exited with {proc.returncode} while starting")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -155,7 +157,7 @@ class CoordinatorProcess(_Child):
     def start(self, timeout_s: float = 60.0) -> None:
         """Start it and wait until its gRPC port accepts (a standby accepts before it leads)."""
         proc = self.spawn()
-        _wait_port(self.port, timeout_s, proc, f"coordinator {self.instance_id} (log {self.log})")
+        wait_port(self.port, timeout_s, proc=proc, what=f"coordinator {self.instance_id} (log {self.log})")
 
     def leading(self, token: str | None = None) -> bool:
         """True when it answers and reports itself ready (it holds the leadership and its state)."""
