@@ -123,8 +123,11 @@ class Injector:
                     run, role, proc, ev = self.rng.choice(sorted(mid, key=lambda m: (m[0].name, m[1])))
                     self.jobs.kill(run, proc)
                     t = time.time()
-                    return {"t": t, "ready_t": t, "nodes": ev["nodes"],
-                            "detail": f"{run.name} {role} in {ev['phase']}({ev['it']})"}
+                    self.tail.poll()  # everything it wrote before it died
+                    with self.tail.lock:
+                        late = self.tail.last.get(proc.pid) is not ev  # the body had ended: killed releasing
+                    return {"t": t, "ready_t": t, "nodes": ev["nodes"], "run": run.name, "epoch": ev["epoch"],
+                            "in_release": late, "detail": f"{run.name} {role} in {ev['phase']}({ev['it']})"}
             time.sleep(0.01)
         return None
 

@@ -9,7 +9,8 @@ when the faulty part served again, ``nodes``: the nodes it took away, if any).
   never overlap.
 * On-policy order: a run's released phases, ordered by their grant epoch (cluster-wide
   increasing), are Rollout(0), Train(0), Sync(0), Rollout(1), ... with nothing missing (lost) and
-  nothing twice (repeated); a completed run released all of them, an aborted one a prefix.
+  nothing twice (repeated); a completed run released all of them, an aborted one a prefix. A phase
+  whose process was killed while releasing it may have been released unrecorded: not counted lost.
 * Recovery: from each fault to the first phase granted after the faulty part served again (on the
   fault's nodes when it names some; a fault on nodes no job was placed on is counted as idle).
 """
@@ -55,6 +56,7 @@ class Verdict:
     phases_completed: int
     violations: tuple[str, ...]  # mutual-exclusion violations, one line each
     unclosed: int  # phases whose end was never recorded
+    unconfirmed: int = 0  # phases whose process was killed while releasing them (not judged lost)
     runs: tuple[RunCheck, ...]
     faults: Counter[str] = field(default_factory=Counter)
     recovery_s: dict[str, list[float]] = field(default_factory=dict)
@@ -120,14 +122,16 @@ def exclusion_violations(per_node: Mapping[str, Sequence[Interval]]) -> list[str
     return found
 
 
-def check_run(run: str, released: Sequence[tuple[int, str, int]], *, iterations: int, completed: bool) -> RunCheck:
-    """`released`: (epoch, phase, iteration) of each acknowledged release of the run."""
+def check_run(run: str, released: Sequence[tuple[int, str, int]], *, iterations: int, completed: bool,
+              unconfirmed: frozenset[tuple[str, int]] = frozenset()) -> RunCheck:
+    """`released`: (epoch, phase, iteration) of each acknowledged release of the run; `unconfirmed`:
+    phases whose process was killed while releasing (the release may have landed unrecorded)."""
     expected = [(ph, i) for i in range(iterations) for ph in PHASE_ORDER]
     by_epoch = [(ph, it) for _, ph, it in sorted(released)]
     counts = Counter(by_epoch)
     repeated = tuple(sorted((k for k, c in counts.items() if c > 1), key=expected.index))
     reach = len(expected) if completed else max((expected.index(k) + 1 for k in counts), default=0)
-    lost = tuple(k for k in expected[:reach] if k not in counts)
+    lost = tuple(k for k in expected[:reach] if k not in counts and k not in unconfirmed)
     unique = list(dict.fromkeys(by_epoch))
     return RunCheck(run=run, completed=completed, released=len(by_epoch), lost=lost, repeated=repeated,
                     out_of_order=unique != [k for k in expected if k in counts])
@@ -152,6 +156,17 @@ def recovery(faults: Sequence[Mapping[str, Any]], starts: Sequence[Mapping[str, 
     return dict(times), missed
 
 
+def _killed_releasing(events: Sequence[Mapping[str, Any]],
+                      faults: Sequence[Mapping[str, Any]]) -> dict[str, frozenset[tuple[str, int]]]:
+    """Per run, the phases a rank kill struck after the body ended (the release was in flight)."""
+    struck = {(f["run"], f["epoch"]) for f in faults if f.get("in_release")}
+    out: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for ev in events:
+        if ev["ev"] == "start" and (ev["run"], ev["epoch"]) in struck:
+            out[ev["run"]].add((ev["phase"], ev["it"]))
+    return {r: frozenset(v) for r, v in out.items()}
+
+
 def judge(events: Sequence[Mapping[str, Any]], outcomes: Mapping[str, bool], *, iterations: int,
           recovery_limit_s: float = 120.0) -> Verdict:
     """The verdict over all events; `outcomes`: run -> completed (True) or aborted by a fault (False)."""
@@ -160,13 +175,16 @@ def judge(events: Sequence[Mapping[str, Any]], outcomes: Mapping[str, bool], *, 
     for ev in events:
         if ev["ev"] == "released":
             released[ev["run"]].append((ev["epoch"], ev["phase"], ev["it"]))
-    runs = tuple(check_run(r, released.get(r, []), iterations=iterations, completed=done)
-                 for r, done in sorted(outcomes.items()))
     faults = [ev for ev in events if ev["ev"] == "fault"]
+    unconfirmed = _killed_releasing(events, faults)
+    runs = tuple(check_run(r, released.get(r, []), iterations=iterations, completed=done,
+                           unconfirmed=unconfirmed.get(r, frozenset()))
+                 for r, done in sorted(outcomes.items()))
     times, missed = recovery(faults, [ev for ev in events if ev["ev"] == "start"], recovery_limit_s)
     return Verdict(phases_completed=sum(len(v) for v in released.values()),
                    violations=tuple(exclusion_violations(per_node)),
                    unclosed=sum(not iv.closed for ivs in per_node.values() for iv in ivs),
+                   unconfirmed=sum(len(v) for v in unconfirmed.values()),
                    runs=runs, faults=Counter(f["kind"] for f in faults), recovery_s=times, unrecovered=missed,
                    idle=Counter(f["kind"] for f in faults if f.get("idle")))
 
@@ -184,7 +202,7 @@ def table(v: Verdict) -> str:
               f"phases completed: {v.phases_completed} (runs: {done} completed, {len(v.runs) - done} aborted by a fault)",
               f"mutual-exclusion violations: {len(v.violations)}",
               f"lost phases: {v.lost}, repeated phases: {v.repeated}, runs out of order: {v.out_of_order}, "
-              f"phases with no recorded end: {v.unclosed}"]
+              f"phases with no recorded end: {v.unclosed}, killed while releasing (not judged): {v.unconfirmed}"]
     lines += [f"  violation: {x}" for x in v.violations[:10]]
     lines += [f"  {r.run}: lost {list(r.lost)} repeated {list(r.repeated)} out of order {r.out_of_order}"
               for r in v.runs if r.lost or r.repeated or r.out_of_order][:10]
