@@ -53,7 +53,8 @@ class Deployment:
         self.sidecars = {n: SidecarProcess(self.address, workdir, node_id=n, pool=pool,
                                            socket_path=str(self.sockdir / f"{n}.sock"),
                                            extra=["--secret-file", str(self.secret_file), "--heartbeat-s",
-                                                  str(topology.heartbeat_s)])
+                                                  str(topology.heartbeat_s), "--event-log",
+                                                  str(workdir / f"sidecar-{n}.events.jsonl")])
                          for n, pool in nodes}
 
     @property

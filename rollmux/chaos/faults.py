@@ -72,9 +72,11 @@ class Injector:
         leader.kill()
         t = time.time()
         time.sleep(self.rng.uniform(0.1, 0.5))
-        leader.start()
-        served = self.deploy.wait_leader(60.0)
-        return {"t": t, "ready_t": time.time(), "detail": f"{leader.instance_id} -> "
+        leader.start(wait=False)
+        served = self.deploy.wait_leader(60.0)  # the restarted one, or the standby if it is quicker
+        ready_t = time.time()
+        leader.wait_listening(60.0)
+        return {"t": t, "ready_t": ready_t, "detail": f"{leader.instance_id} -> "
                 f"{served.instance_id if served else 'none'}"}
 
     def _failover(self) -> dict[str, Any] | None:

@@ -25,9 +25,9 @@ from rollmux.chaos.deployment import Deployment
 from rollmux.sidecar import env
 
 
-def append_event(path: Path, ev: str, **fields: Any) -> None:
-    """One harness event line in the shared log (O_APPEND, one write)."""
-    rec = {"t": round(time.time(), 6), "ev": ev, **fields}
+def append_event(path: Path, ev: str, *, t: float | None = None, **fields: Any) -> None:
+    """One harness event line in the shared log (O_APPEND, one write); `t`: when it happened (default now)."""
+    rec = {"t": round(time.time() if t is None else t, 6), "ev": ev, **fields}
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(rec) + "\n").encode())
@@ -211,8 +211,9 @@ class Jobs:
         """SIGKILL one of `run`'s processes and record it (its open phase ends now). Hold `lock`."""
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGKILL)
+        t = time.time()  # it dies now; the wait below may return later on a loaded machine
         proc.wait()
-        append_event(self.log, "killed", run=run.name, pid=proc.pid)
+        append_event(self.log, "killed", t=t, run=run.name, pid=proc.pid)
 
     def _forget(self, run: Run) -> None:
         """An aborted run must be gone at the coordinator before its slot moves on."""
@@ -227,6 +228,19 @@ class Jobs:
                 return  # a sidecar deregistered it already
             except ServiceError:
                 time.sleep(0.2)
+
+    def dump_state(self) -> Path:
+        """Write the coordinator's view (jobs, permits, nodes) next to the logs, for a stuck run."""
+        from google.protobuf import json_format
+
+        from rollmux.coordinator.service.api import ServiceError
+
+        path = self.deploy.dir / "cluster-state.json"
+        try:
+            path.write_text(json_format.MessageToJson(self.op.cluster_state()))
+        except ServiceError as exc:
+            path.write_text(json.dumps({"error": str(exc)}))
+        return path
 
     def stop(self) -> None:
         with self.lock:

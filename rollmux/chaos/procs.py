@@ -154,10 +154,14 @@ class CoordinatorProcess(_Child):
         return [sys.executable, "-m", "rollmux", "coordinator", "--redis", self.url, "--listen", self.address,
                 "--http", "", "--instance-id", self.instance_id, "--log-format", "text", *self.extra]
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start it and wait until its gRPC port accepts (a standby accepts before it leads)."""
-        proc = self.spawn()
-        wait_port(self.port, timeout_s, proc=proc, what=f"coordinator {self.instance_id} (log {self.log})")
+    def start(self, timeout_s: float = 60.0, *, wait: bool = True) -> None:
+        """Start it and (with `wait`) wait until its gRPC port accepts (a standby accepts before it leads)."""
+        self.spawn()
+        if wait:
+            self.wait_listening(timeout_s)
+
+    def wait_listening(self, timeout_s: float = 60.0) -> None:
+        wait_port(self.port, timeout_s, proc=self.proc, what=f"coordinator {self.instance_id} (log {self.log})")
 
     def leading(self, token: str | None = None) -> bool:
         """True when it answers and reports itself ready (it holds the leadership and its state)."""

@@ -99,7 +99,8 @@ def _drive(config: ChaosConfig, jobs: Jobs, tail: EventTail, injector: Injector,
         if closed_at and jobs.finished():
             return closed_at - start
         if closed_at and now > closed_at + config.drain_s:
-            say(f"drain limit {config.drain_s:g}s reached; unfinished slots: {jobs.unfinished()}")
+            say(f"drain limit {config.drain_s:g}s reached; unfinished slots: {jobs.unfinished()}; "
+                f"cluster state in {jobs.dump_state()}")
             return closed_at - start
         if now > next_note:
             released = sum(e["ev"] == "released" for e in tail.snapshot())
