@@ -106,12 +106,19 @@ class Injector:
     def _hosts_jobs(self, node: str) -> bool:
         """Whether any registered job is placed on `node` (a fault on an idle node has nothing to recover)."""
         from rollmux.coordinator.service.api import ServiceError
+        from rollmux.coordinator.service.client import CoordinatorClient
 
+        leader = self.deploy.wait_leader(5.0)  # a standby answers with an empty state
+        if leader is None:
+            return True  # unknown: not counted idle
+        client = CoordinatorClient(leader.address, token=self.deploy.operator_token, retry_s=1.0)
         try:
-            jobs = self.jobs.op.cluster_state().jobs
+            state = client.cluster_state()
         except ServiceError:
             return True
-        return any(node in (*j.rollout_nodes, *j.train_nodes) for j in jobs)
+        finally:
+            client.close()
+        return not state.ready or any(node in (*j.rollout_nodes, *j.train_nodes) for j in state.jobs)
 
     def _rank_kill(self) -> dict[str, Any] | None:
         deadline = time.monotonic() + 10
