@@ -234,12 +234,18 @@ class Jobs:
         from google.protobuf import json_format
 
         from rollmux.coordinator.service.api import ServiceError
+        from rollmux.coordinator.service.client import CoordinatorClient
 
         path = self.deploy.dir / "cluster-state.json"
+        leader = self.deploy.leader()  # a standby answers with an empty state
+        client = CoordinatorClient(leader.address if leader else self.deploy.address.split(","),
+                                   token=self.deploy.operator_token, retry_s=2.0)
         try:
-            path.write_text(json_format.MessageToJson(self.op.cluster_state()))
+            path.write_text(json_format.MessageToJson(client.cluster_state()))
         except ServiceError as exc:
             path.write_text(json.dumps({"error": str(exc)}))
+        finally:
+            client.close()
         return path
 
     def stop(self) -> None:
