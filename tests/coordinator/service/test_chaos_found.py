@@ -3,11 +3,15 @@
 * a job's first permit, queued behind another job, was not stored: after any reload (restart,
   failover, Redis restart) the admitted job had no permit and waited forever, then answered INTERNAL;
 * CoordinatorClient's retry window started when the call did, so a long-polling acquire that lost
-  its coordinator after more than `retry_s` of waiting failed at once instead of reaching the standby.
+  its coordinator after more than `retry_s` of waiting failed at once instead of reaching the standby;
+* a leader that lost its leadership without dying (paused, or beaten to it after a Redis restart) kept
+  its node streams open as a standby: the sidecars stayed with it and the new leader saw those nodes
+  LOST, granting nothing on them, for good.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -88,3 +92,39 @@ def test_a_long_wait_that_loses_its_leader_gets_its_retries(redis_server: RedisP
         close_node_streams()
         leader.kill()
         standby.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_leader_that_stands_by_sends_its_sidecars_to_the_new_leader(redis_server: RedisProcess,
+                                                                      tmp_path: Path) -> None:
+    flags = ["--leader-ttl", "1", "--heartbeat-interval", "0.2"]
+    a = CoordinatorProcess(redis_server.url, tmp_path, instance_id="a", extra=flags)
+    b = CoordinatorProcess(redis_server.url, tmp_path, instance_id="b", extra=flags)
+    a.start()
+    try:
+        client = CoordinatorClient([a.address, b.address], retry_s=30.0)
+        add_nodes(client, 1, 1)  # their streams go to a, the leader
+        b.start()
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGSTOP)  # a misses its leadership renewals: b takes over
+        at_b = CoordinatorClient(b.address, retry_s=30.0)
+        deadline = time.monotonic() + 30
+        while not at_b.cluster_state().ready:
+            assert time.monotonic() < deadline, "the standby did not take over"
+            time.sleep(0.1)
+        a.proc.send_signal(signal.SIGCONT)  # a finds its lease gone and stands by
+        deadline = time.monotonic() + 30
+        while {n.node_id: n.state for n in at_b.cluster_state().nodes} != {"r0": "ready", "t0": "ready"}:
+            assert time.monotonic() < deadline, (
+                f"the nodes did not reach the new leader: {[(n.node_id, n.state) for n in at_b.cluster_state().nodes]}")
+            time.sleep(0.1)
+        job = at_b.register_job(job_spec("after"))
+        assert job.acquire(Phase.ROLLOUT, 0, timeout_s=10).nodes == ("r0",)
+        at_b.close()
+        client.close()
+    finally:
+        close_node_streams()
+        if a.proc is not None:
+            a.proc.send_signal(signal.SIGCONT)
+        a.kill()
+        b.kill()
