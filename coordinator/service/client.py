@@ -138,14 +138,13 @@ class CoordinatorClient:
                 self._channels[target] = ch
             return pb_grpc.CoordinatorStub(ch)
 
-    def _rotate(self) -> None:
-        with self._lock:
-            self._index += 1
-
     def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
-             metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None) -> Any:
+             metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None,
+             target: int | None = None) -> Any:
         """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s` (default: the client's)
         from its first failure (a long-polling call that fails after minutes still gets its retries).
+
+        `target` (an index into the targets) starts the call there instead of at the last one that answered.
 
         Raises:
             ServiceError: the coordinator refused the call (or stayed unavailable).
@@ -157,7 +156,7 @@ class CoordinatorClient:
         window = self.retry_s if retry_s is None else retry_s
         deadline = 0.0  # set at the first failure: a long server-side wait does not use up the retry window
         delay = 0.02
-        index = self._index  # this call walks the targets itself: concurrent retries cannot skip one for it
+        index = self._index if target is None else target  # walked by this call alone: others cannot skip one
         while True:
             try:
                 resp = getattr(self._stub(index), method)(request, timeout=timeout_s, metadata=md)
@@ -203,10 +202,10 @@ class CoordinatorClient:
     # ---- node side -------------------------------------------------------------------------
     def register_node(self, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int, host_dram_bytes: int,
                       nvml: dict[str, str] | None = None, token: str | None = None,
-                      retry_s: float | None = None) -> pb.RegisterNodeResponse:
+                      retry_s: float | None = None, target: int | None = None) -> pb.RegisterNodeResponse:
         req = pb.RegisterNodeRequest(node_id=node_id, pool=convert.POOL_TO_PB[pool], gpu_type=gpu_type,
                                      gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
-        return self.call("RegisterNode", req, token=token, retry_s=retry_s)
+        return self.call("RegisterNode", req, token=token, retry_s=retry_s, target=target)
 
     # ---- operator side ---------------------------------------------------------------------
     def cluster_state(self) -> pb.ClusterStateResponse:
@@ -392,15 +391,16 @@ class NodeSession:
 
     def _run(self) -> None:
         delay = 0.05
+        target = 0  # this session's own walk over the targets (other threads' calls must not move it)
         while not self._stop.is_set():
             try:
                 # one attempt per round: this loop's own backoff retries, and `last_error` stays current
-                self.client.register_node(self.node_id, token=self.token, retry_s=0.0,
+                self.client.register_node(self.node_id, token=self.token, retry_s=0.0, target=target,
                                           **self._register)  # type: ignore[arg-type]
                 md = [(NODE_METADATA_KEY, self.node_id)]
                 if self.token:
                     md.append(("authorization", f"Bearer {self.token}"))
-                self._call = self.client._stub().NodeStream(self._requests(), metadata=md)  # noqa: SLF001
+                self._call = self.client._stub(target).NodeStream(self._requests(), metadata=md)  # noqa: SLF001
                 for msg in self._call:
                     self.connected.set()
                     self.last_error = None
@@ -414,5 +414,5 @@ class NodeSession:
             self.connected.clear()
             if self._stop.wait(delay):
                 return
-            self.client._rotate()  # noqa: SLF001
+            target += 1
             delay = min(delay * 2, 1.0)
