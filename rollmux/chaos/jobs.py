@@ -141,8 +141,9 @@ class Jobs:
         from rollmux.model import JobSpec
 
         name = f"{slot.name}-{len(slot.runs)}"
+        # 1 MiB of cached state: placement does not depend on this machine's free host memory
         spec = JobSpec(name=name, n_rollout_gpus=1, n_train_gpus=1, t_roll_s=100.0, t_train_s=100.0, slo=2.0,
-                       rollout_state_bytes=10**9, train_state_bytes=10**9)
+                       rollout_state_bytes=1 << 20, train_state_bytes=1 << 20)
         try:  # the nonce makes a retry after a lost answer idempotent
             job = self.op.register_job(spec, nonce=f"chaos-{name}-{self.deploy.secret}")
         except AlreadyExistsError:
