@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,13 +58,26 @@ def test_a_queued_first_permit_survives_a_reload(redis_server: RedisProcess) -> 
         srv.stop()
 
 
+@contextlib.contextmanager
+def leader_and_standby(redis: RedisProcess, workdir: Path, flags: list[str]) -> Iterator[tuple[CoordinatorProcess,
+                                                                                              CoordinatorProcess]]:
+    """Coordinator processes "a" (started: the leader) and "b" (start it to stand by); both killed after."""
+    a = CoordinatorProcess(redis.url, workdir, instance_id="a", extra=flags)
+    b = CoordinatorProcess(redis.url, workdir, instance_id="b", extra=flags)
+    a.start()
+    try:
+        yield a, b
+    finally:
+        close_node_streams()
+        if a.proc is not None:
+            a.proc.send_signal(signal.SIGCONT)
+        a.kill()
+        b.kill()
+
+
 @pytest.mark.timeout(120)
 def test_a_long_wait_that_loses_its_leader_gets_its_retries(redis_server: RedisProcess, tmp_path: Path) -> None:
-    flags = ["--lease-ttl", "30", "--leader-ttl", "1"]
-    leader = CoordinatorProcess(redis_server.url, tmp_path, instance_id="a", extra=flags)
-    standby = CoordinatorProcess(redis_server.url, tmp_path, instance_id="b", extra=flags)
-    leader.start()
-    try:
+    with leader_and_standby(redis_server, tmp_path, ["--lease-ttl", "30", "--leader-ttl", "1"]) as (leader, standby):
         op = CoordinatorClient([leader.address, standby.address], retry_s=30.0)
         add_nodes(op, 1, 1)
         standby.start()
@@ -88,20 +103,12 @@ def test_a_long_wait_that_loses_its_leader_gets_its_retries(redis_server: RedisP
         assert got[0].job == "b" and got[0].phase is Phase.ROLLOUT  # type: ignore[attr-defined]
         waiter.close()
         op.close()
-    finally:
-        close_node_streams()
-        leader.kill()
-        standby.kill()
 
 
 @pytest.mark.timeout(120)
 def test_a_leader_that_stands_by_sends_its_sidecars_to_the_new_leader(redis_server: RedisProcess,
                                                                       tmp_path: Path) -> None:
-    flags = ["--leader-ttl", "1", "--heartbeat-interval", "0.2"]
-    a = CoordinatorProcess(redis_server.url, tmp_path, instance_id="a", extra=flags)
-    b = CoordinatorProcess(redis_server.url, tmp_path, instance_id="b", extra=flags)
-    a.start()
-    try:
+    with leader_and_standby(redis_server, tmp_path, ["--leader-ttl", "1", "--heartbeat-interval", "0.2"]) as (a, b):
         client = CoordinatorClient([a.address, b.address], retry_s=30.0)
         add_nodes(client, 1, 1)  # their streams go to a, the leader
         b.start()
@@ -122,9 +129,3 @@ def test_a_leader_that_stands_by_sends_its_sidecars_to_the_new_leader(redis_serv
         assert job.acquire(Phase.ROLLOUT, 0, timeout_s=10).nodes == ("r0",)
         at_b.close()
         client.close()
-    finally:
-        close_node_streams()
-        if a.proc is not None:
-            a.proc.send_signal(signal.SIGCONT)
-        a.kill()
-        b.kill()
