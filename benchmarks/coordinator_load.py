@@ -64,7 +64,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -72,28 +71,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from rollmux.chaos.procs import free_port, wait_port
+
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
 PAPER_POLL_S = 0.2
 Job = tuple[str, str, int, int]  # name, token, first phase (protobuf enum), first iteration
 TARGET_SHARE = 0.95  # achieved / offered permit cycles/s
 TARGET_P99_S = 0.010
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on port {port}")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rollmux.chaos.procs import REDIS_BIN, RedisProcess
 from rollmux.model import ClusterSpec
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -22,3 +24,14 @@ def shared_dir() -> Path:
     if not SHARED.exists():
         pytest.skip(f"shared data folder {SHARED} is not present")
     return SHARED
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A real redis-server (append-only file) on a free port, restartable on its data dir."""
+    if not Path(REDIS_BIN).exists():
+        pytest.skip(f"redis-server not found at {REDIS_BIN}: install redis to run the Redis tests")
+    r = RedisProcess(tmp_path)
+    r.start()
+    yield r
+    r.stop()

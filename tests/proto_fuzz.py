@@ -1,10 +1,11 @@
-"""Hypothesis strategies over protobuf messages, for fuzzing the RPC surfaces (not a test module).
+"""Hypothesis strategies over protobuf messages and the fuzz loop over an RPC surface (not a test module).
 
 :func:`message` walks a message descriptor and draws every field from hostile values for its type:
 NaN, infinities, huge, negative and zero numbers, empty, oversized, non-printable and non-ASCII
 strings, out-of-range enums, empty and long repeated fields and maps, unset sub-messages. `hints`
 (field name -> strategy) mix in plausible values (the real job name, its token, the live epoch) so
-a fuzzed call also reaches the checks behind authentication and lookup.
+a fuzzed call also reaches the checks behind authentication and lookup. :func:`fuzz_each_rpc` runs
+the loop both RPC surfaces share (coordinator and sidecar).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 OVERSIZED = 2 << 20
@@ -122,3 +126,53 @@ class Outcomes:
         for r in rpcs:
             lines.append(" | ".join([f"{r:<{width}}", *(f"{self.counts[(r, c)]:>{len(c)}}" for c in codes)]))
         return "\n".join(lines)
+
+
+FORBIDDEN = {"UNKNOWN", "INTERNAL"}
+"""Statuses no fuzzed call may ever get: an unhandled exception, not a deliberate refusal."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FuzzTarget:
+    """One RPC surface to fuzz.
+
+    Attributes:
+        strategies: RPC name -> strategy of its request message.
+        call: (rpc, request, data) -> (status code, answer or details); may draw more from `data`.
+        state: snapshot of everything a refused call must leave unchanged.
+        after: (rpc, request, code, answer), run after every call (bookkeeping, invariants).
+    """
+
+    strategies: Mapping[str, st.SearchStrategy[Any]]
+    call: Callable[[str, Any, st.DataObject], tuple[grpc.StatusCode, Any]]
+    state: Callable[[], Any]
+    after: Callable[[str, Any, grpc.StatusCode, Any], None]
+
+
+def fuzz_each_rpc(target: FuzzTarget, *, examples: int, title: str) -> Outcomes:
+    """Fuzz every RPC of `target` with a fixed share of `examples` (derandomized), checking each call:
+    never UNKNOWN or INTERNAL, and a refused call leaves `target.state()` as it was. Prints the table.
+    """
+    outcomes = Outcomes()
+    per_rpc = -(-examples // len(target.strategies))
+
+    @settings(max_examples=per_rpc, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def one(rpc: str, data: st.DataObject) -> None:
+        request = data.draw(target.strategies[rpc], label="request")
+        before = target.state()
+        code, answer = target.call(rpc, request, data)
+        outcomes.add(rpc, code.name)
+        assert code.name not in FORBIDDEN, f"{rpc} answered {code.name}: {answer}"
+        if code is not grpc.StatusCode.OK:
+            assert target.state() == before, f"refused {rpc} ({code.name}: {answer}) changed the state"
+        target.after(rpc, request, code, answer)
+
+    for rpc in sorted(target.strategies):
+        one(rpc)
+    print("\n" + outcomes.table(title))
+    assert outcomes.total >= examples // 2  # fewer only where a message has few distinct values (NodeStatus: none)
+    assert len({r for r, _ in outcomes.counts}) == len(target.strategies), "every RPC was exercised"
+    assert any(c == "OK" for _, c in outcomes.counts) and any(c != "OK" for _, c in outcomes.counts)
+    return outcomes

@@ -136,9 +136,10 @@ class CoordinatorClient:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
 
-    def _stub(self) -> pb_grpc.CoordinatorStub:
+    def _stub(self, index: int | None = None) -> pb_grpc.CoordinatorStub:
+        """The stub of target `index` (default: the one that answered last)."""
         with self._lock:
-            target = self.targets[self._index % len(self.targets)]
+            target = self.targets[(self._index if index is None else index) % len(self.targets)]
             ch = self._channels.get(target)
             if ch is None:
                 opts = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 1000),
@@ -148,15 +149,15 @@ class CoordinatorClient:
                 self._channels[target] = ch
             return pb_grpc.CoordinatorStub(ch)
 
-    def _rotate(self) -> None:
-        with self._lock:
-            self._index += 1
-
     def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
-             metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None) -> Any:
+             metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None,
+             target: int | None = None) -> Any:
         """Invoke `method`, retrying UNAVAILABLE, DEADLINE_EXCEEDED and CANCELLED with backoff for up to
-        `retry_s` (default: the client's). Every call is safe to repeat: registrations carry a nonce,
+        `retry_s` (default: the client's) from its first failure (a long-polling call that fails after
+        minutes still gets its retries). Every call is safe to repeat: registrations carry a nonce,
         permit calls an epoch (a repeated release answers `already_released`).
+
+        `target` (an index into the targets) starts the call there instead of at the last one that answered.
 
         Raises:
             ServiceError: the coordinator refused the call (or stayed unavailable).
@@ -165,16 +166,21 @@ class CoordinatorClient:
         tok = token if token is not None else self.token
         if tok:
             md.append(("authorization", f"Bearer {tok}"))
-        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        window = self.retry_s if retry_s is None else retry_s
+        deadline = 0.0  # set at the first failure: a long server-side wait does not use up the retry window
         delay = 0.02
+        index = self._index if target is None else target  # walked by this call alone: others cannot skip one
         while True:
             try:
-                return getattr(self._stub(), method)(request, timeout=timeout_s, metadata=md)
+                resp = getattr(self._stub(index), method)(request, timeout=timeout_s, metadata=md)
+                self._index = index  # the next calls start at the target that answered
+                return resp
             except grpc.RpcError as exc:
                 retriable = exc.code() in _RETRIABLE
+                deadline = deadline or time.monotonic() + window
                 if not retriable or time.monotonic() + delay > deadline:
                     raise _error(exc) from None
-                self._rotate()
+                index += 1
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -209,10 +215,10 @@ class CoordinatorClient:
     # ---- node side -------------------------------------------------------------------------
     def register_node(self, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int, host_dram_bytes: int,
                       nvml: dict[str, str] | None = None, token: str | None = None,
-                      retry_s: float | None = None) -> pb.RegisterNodeResponse:
+                      retry_s: float | None = None, target: int | None = None) -> pb.RegisterNodeResponse:
         req = pb.RegisterNodeRequest(node_id=node_id, pool=convert.POOL_TO_PB[pool], gpu_type=gpu_type,
                                      gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
-        return self.call("RegisterNode", req, token=token, retry_s=retry_s)
+        return self.call("RegisterNode", req, token=token, retry_s=retry_s, target=target)
 
     # ---- operator side ---------------------------------------------------------------------
     def cluster_state(self) -> pb.ClusterStateResponse:
@@ -408,15 +414,16 @@ class NodeSession:
 
     def _run(self) -> None:
         delay = 0.05
+        target = 0  # this session's own walk over the targets (other threads' calls must not move it)
         while not self._stop.is_set():
             try:
                 # one attempt per round: this loop's own backoff retries, and `last_error` stays current
-                self.client.register_node(self.node_id, token=self.token, retry_s=0.0,
+                self.client.register_node(self.node_id, token=self.token, retry_s=0.0, target=target,
                                           **self._register)  # type: ignore[arg-type]
                 md = [(NODE_METADATA_KEY, self.node_id)]
                 if self.token:
                     md.append(("authorization", f"Bearer {self.token}"))
-                self._call = self.client._stub().NodeStream(self._requests(), metadata=md)  # noqa: SLF001
+                self._call = self.client._stub(target).NodeStream(self._requests(), metadata=md)  # noqa: SLF001
                 for msg in self._call:
                     self.connected.set()
                     self.last_error = None
@@ -430,5 +437,5 @@ class NodeSession:
             self.connected.clear()
             if self._stop.wait(delay):
                 return
-            self.client._rotate()  # noqa: SLF001
+            target += 1
             delay = min(delay * 2, 1.0)

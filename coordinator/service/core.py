@@ -136,6 +136,7 @@ class Coordinator:
                 fence = await self.store.acquire_leadership(self.owner, self.leader_ttl_s)
                 if fence is None:
                     self.not_ready_reason = "standby: another coordinator holds the leadership lease"
+                    self._release_clients()
                 else:
                     self.fence = fence
                     records = await self.store.load()
@@ -166,6 +167,15 @@ class Coordinator:
                 self.not_ready_reason = f"state store unavailable: {exc}"
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _release_clients(self) -> None:
+        """Standing by: end the node streams (their sidecars reconnect to the leader, which otherwise
+        sees those nodes LOST for as long as this standby holds them) and wake permit waits (they
+        answer UNAVAILABLE, and their clients retry at the leader)."""
+        for q in self._streams.values():
+            q.put_nowait(None)
+        for ev in self._events.values():
+            ev.set()
 
     async def _leader_loop(self) -> None:
         while True:

@@ -24,8 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def coordinator() -> Iterator[ThreadedServer]:
-    srv = ThreadedServer(ServerOptions(listen="127.0.0.1:0", http=None, cluster=ClusterSpec(gpus_per_node=1),
+def coordinator(request: pytest.FixtureRequest) -> Iterator[ThreadedServer]:
+    """An embedded coordinator; ``@pytest.mark.parametrize("coordinator", ["redis"], indirect=True)``
+    puts its state in a real redis-server instead."""
+    url = request.getfixturevalue("redis_server").url if getattr(request, "param", "") == "redis" else None
+    srv = ThreadedServer(ServerOptions(listen="127.0.0.1:0", http=None, redis_url=url,
+                                       cluster=ClusterSpec(gpus_per_node=1),
                                        config=ServiceConfig(lease_ttl_s=5.0, reap_interval_s=0.05,
                                                             heartbeat_interval_s=0.2)))
     assert srv.wait_ready(30)

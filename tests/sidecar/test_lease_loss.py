@@ -11,44 +11,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.client import CoordinatorClient
-from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import ClusterSpec, Phase, Pool
+from rollmux.model import Phase, Pool
 from rollmux.sidecar import env
-from tests.coordinator.service.conftest import RedisProcess
 
 from .conftest import REPO, register
-
-
-@pytest.fixture
-def coordinator(redis_server: RedisProcess) -> Iterator[ThreadedServer]:
-    """This module's coordinator keeps its state in a real redis-server (make_node connects to it)."""
-    srv = ThreadedServer(ServerOptions(listen="127.0.0.1:0", http=None, redis_url=redis_server.url,
-                                       cluster=ClusterSpec(gpus_per_node=1),
-                                       config=ServiceConfig(lease_ttl_s=5.0, reap_interval_s=0.05,
-                                                            heartbeat_interval_s=0.2)))
-    assert srv.wait_ready(30)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    from tests.coordinator.service.conftest import REDIS_BIN
-
-    if not Path(REDIS_BIN).exists():
-        pytest.skip(f"redis-server not found at {REDIS_BIN}")
-    r = RedisProcess(tmp_path)
-    r.start()
-    yield r
-    r.stop()
-
 
 SHIM = r"""
 import sys, time, rollmux
@@ -68,6 +38,7 @@ except LeaseLostError as exc:
 """
 
 
+@pytest.mark.parametrize("coordinator", ["redis"], indirect=True)  # its state in a real redis-server
 def test_revoked_lease_stops_the_running_phase_and_the_node_goes_on(coordinator, make_node, tmp_path) -> None:
     node = make_node("r0", Pool.ROLLOUT)
     make_node("t0", Pool.TRAIN)

@@ -67,7 +67,9 @@ class Runtime(Relocations):
             pos = self.pending().index(name) + 1
             return (f"job {name!r} is pending admission (position {pos}): the free nodes cannot host its "
                     "placement yet")
-        permit = self.permits[name]
+        permit = self.permits.get(name)
+        if permit is None:
+            return f"job {name!r} has no permit yet"
         if permit.state in PERMIT_PARKED:
             return f"job {name!r} {permit.phase.value}({permit.iteration}) lease {permit.state.value}"
         what = f"{permit.phase.value}({permit.iteration})"

@@ -114,6 +114,7 @@ class Admission(GrantQueues):
         self._joined(job.name)
         permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
         self.permits[job.name] = permit
+        self._touch(f"permit/{job.name}", permit)  # stored even while queued: a reload must find it
         self._enqueue(permit)
         self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
         self._pump(self.phase_nodes(job, Phase.ROLLOUT))

@@ -1,111 +1,18 @@
-"""Fixtures: a real redis-server on a free port, coordinators (embedded or Redis) in a thread, builders."""
+"""Fixtures: coordinators (embedded or on the real redis-server of tests/conftest.py) in a thread, builders."""
 
 from __future__ import annotations
 
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from rollmux.chaos.procs import RedisProcess, free_port  # noqa: F401 - the tests here import them from here
 from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import JobSpec, Pool
-
-REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisProcess:
-    """A redis-server with an append-only file, restartable on the same port and data dir."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.dir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--protected-mode", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        """Clean shutdown (SIGTERM flushes the append-only file)."""
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-
-class CoordinatorProcess:
-    """`rollmux coordinator --redis` in its own process, SIGKILLed and restarted with one instance id."""
-
-    def __init__(self, redis_url: str, workdir: Path, *flags: str, instance_id: str = "chaos") -> None:
-        self.port, self.url, self.dir, self.flags, self.instance_id = free_port(), redis_url, workdir, flags, instance_id
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.starts += 1
-        err = open(self.dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollmux", "coordinator", "--redis", self.url, "--listen", self.address,
-             "--http", "", "--lease-ttl", "2.0", "--instance-id", self.instance_id, "--log-format", "text",
-             *self.flags], stderr=err, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("coordinator did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    if not Path(REDIS_BIN).exists():
-        pytest.skip(f"redis-server not found at {REDIS_BIN}: install redis to run the Redis tests")
-    r = RedisProcess(tmp_path)
-    r.start()
-    yield r
-    r.stop()
-
 
 FAST = ServiceConfig(lease_ttl_s=2.0, reap_interval_s=0.02, heartbeat_interval_s=0.2)
 

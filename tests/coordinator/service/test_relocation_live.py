@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from rollmux.chaos.procs import CoordinatorProcess, RedisProcess, free_port
 from rollmux.coordinator.service.client import CoordinatorClient, JobClient
 from rollmux.model import JobSpec, Phase, Pool, RelocationState
 
-from .conftest import CoordinatorProcess, RedisProcess, add_node, close_node_streams, free_port
+from .conftest import add_node, close_node_streams
 
 PY = sys.executable
 TB = 10**12
@@ -43,7 +44,8 @@ def make_coordinator(redis_server: RedisProcess, tmp_path: Path) -> Iterator:  #
     made: list[Coordinator] = []
 
     def make(*flags: str) -> Coordinator:
-        c = Coordinator(redis_server.url, tmp_path, "--heartbeat-interval", "0.3", *flags, instance_id="reloc")
+        c = Coordinator(redis_server.url, tmp_path, instance_id="reloc",
+                        extra=["--lease-ttl", "2.0", "--heartbeat-interval", "0.3", *flags])
         c.start()
         made.append(c)
         return c

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.coordinator.service.api import NotReadyError
 from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Phase
 
-from .conftest import RedisProcess, add_nodes, close_node_streams, free_port, job_spec
+from .conftest import add_nodes, close_node_streams, job_spec
 
 LEADER_TTL_S = 1.0
-
-
-def start_coordinator(redis_url: str, instance: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rollmux", "coordinator", "--redis", redis_url, "--listen", f"127.0.0.1:{port}",
-         "--http", "", "--instance-id", instance, "--leader-ttl", str(LEADER_TTL_S), "--log-format", "text"],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    return proc, f"127.0.0.1:{port}"
 
 
 def state_of(address: str) -> tuple[bool, int]:
@@ -50,12 +39,14 @@ def wait_for(predicate, timeout: float = 40.0) -> None:  # type: ignore[no-untyp
 @pytest.mark.timeout(120)
 def test_standby_takes_over_through_the_redis_lease_when_the_leader_is_killed(redis_server: RedisProcess,
                                                                             tmp_path: Path) -> None:
-    leader, a = start_coordinator(redis_server.url, "coord-a", tmp_path / "a.log")
-    procs = [leader]
+    flags = ["--leader-ttl", str(LEADER_TTL_S)]
+    leader = CoordinatorProcess(redis_server.url, tmp_path, instance_id="coord-a", extra=flags)
+    standby = CoordinatorProcess(redis_server.url, tmp_path, instance_id="coord-b", extra=flags)
+    a, b = leader.address, standby.address
     try:
+        leader.start()
         wait_for(lambda: state_of(a)[0])
-        standby, b = start_coordinator(redis_server.url, "coord-b", tmp_path / "b.log")
-        procs.append(standby)
+        standby.start()
         wait_for(lambda: state_of(b)[1] != -1)  # the standby answers...
         time.sleep(2 * LEADER_TTL_S)
         assert not state_of(b)[0], "the standby became ready while the leader held the lease"  # ...but stands by
@@ -68,8 +59,7 @@ def test_standby_takes_over_through_the_redis_lease_when_the_leader_is_killed(re
         assert (p.phase, p.iteration) == (Phase.TRAIN, 0)
         _, fence_a = state_of(a)
 
-        leader.send_signal(signal.SIGKILL)  # the leader dies holding a granted lease
-        leader.wait()
+        leader.kill()  # the leader dies holding a granted lease
         t0 = time.monotonic()
         nxt = job.advance(p, 0.1, timeout_s=10)  # the release of the lease granted by the dead leader
         takeover_s = time.monotonic() - t0
@@ -85,7 +75,5 @@ def test_standby_takes_over_through_the_redis_lease_when_the_leader_is_killed(re
         close_node_streams()
         client.close()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        leader.kill()
+        standby.kill()

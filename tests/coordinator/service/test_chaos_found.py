@@ -1,0 +1,131 @@
+"""Defects the chaos benchmark (benchmarks/chaos.py) found, each against the real services:
+
+* a job's first permit, queued behind another job, was not stored: after any reload (restart,
+  failover, Redis restart) the admitted job had no permit and waited forever, then answered INTERNAL;
+* CoordinatorClient's retry window started when the call did, so a long-polling acquire that lost
+  its coordinator after more than `retry_s` of waiting failed at once instead of reaching the standby;
+* a leader that lost its leadership without dying (paused, or beaten to it after a Redis restart) kept
+  its node streams open as a standby: the sidecars stayed with it and the new leader saw those nodes
+  LOST, granting nothing on them, for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
+from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
+from rollmux.model import Phase
+
+from .conftest import add_nodes, close_node_streams, job_spec
+
+
+def test_a_queued_first_permit_survives_a_reload(redis_server: RedisProcess) -> None:
+    opts = ServerOptions(redis_url=redis_server.url, http=None,
+                         config=ServiceConfig(lease_ttl_s=30.0, reap_interval_s=0.02, heartbeat_interval_s=0.2))
+    srv = ThreadedServer(opts)
+    try:
+        assert srv.wait_ready(10)
+        client = CoordinatorClient(srv.address, retry_s=5.0)
+        add_nodes(client, 1, 1)
+        a, b = client.register_job(job_spec("a")), client.register_job(job_spec("b"))
+        held = a.acquire(Phase.ROLLOUT, 0, timeout_s=5)
+        with pytest.raises(Exception, match="not granted"):
+            b.acquire(Phase.ROLLOUT, 0, timeout_s=0.2)  # queued behind a
+        close_node_streams()
+        client.close()
+        srv.stop()
+        srv = ThreadedServer(opts)  # a restart: the state comes back from Redis
+        assert srv.wait_ready(10)
+        client = CoordinatorClient(srv.address, retry_s=5.0)
+        add_nodes(client, 1, 1)
+        assert client.job("b", b.token).status().permit_state == "queued"
+        client.job("a", a.token).release(held, 1.0)
+        granted = client.job("b", b.token).acquire(Phase.ROLLOUT, 0, timeout_s=10)
+        assert granted.job == "b" and granted.epoch > held.epoch
+        client.close()
+    finally:
+        close_node_streams()
+        srv.stop()
+
+
+@contextlib.contextmanager
+def leader_and_standby(redis: RedisProcess, workdir: Path, flags: list[str]) -> Iterator[tuple[CoordinatorProcess,
+                                                                                              CoordinatorProcess]]:
+    """Coordinator processes "a" (started: the leader) and "b" (start it to stand by); both killed after."""
+    a = CoordinatorProcess(redis.url, workdir, instance_id="a", extra=flags)
+    b = CoordinatorProcess(redis.url, workdir, instance_id="b", extra=flags)
+    a.start()
+    try:
+        yield a, b
+    finally:
+        close_node_streams()
+        if a.proc is not None:
+            a.proc.send_signal(signal.SIGCONT)
+        a.kill()
+        b.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_long_wait_that_loses_its_leader_gets_its_retries(redis_server: RedisProcess, tmp_path: Path) -> None:
+    with leader_and_standby(redis_server, tmp_path, ["--lease-ttl", "30", "--leader-ttl", "1"]) as (leader, standby):
+        op = CoordinatorClient([leader.address, standby.address], retry_s=30.0)
+        add_nodes(op, 1, 1)
+        standby.start()
+        a, b = op.register_job(job_spec("a")), op.register_job(job_spec("b"))
+        held = a.acquire(Phase.ROLLOUT, 0, timeout_s=10)  # b's rollout waits behind a's
+        retry_s = 5.0
+        waiter = CoordinatorClient([leader.address, standby.address], retry_s=retry_s)
+        got: list[object] = []
+
+        def wait_b() -> None:
+            try:
+                got.append(waiter.job("b", b.token).acquire(Phase.ROLLOUT, 0, timeout_s=60))
+            except Exception as exc:  # recorded, asserted below
+                got.append(exc)
+
+        t = threading.Thread(target=wait_b)
+        t.start()
+        time.sleep(retry_s + 1.0)  # the wait is older than the retry window
+        leader.kill()  # the standby takes over within about a leader TTL
+        a.release(held, 1.0)
+        t.join(60)
+        assert got and not isinstance(got[0], Exception), got
+        assert got[0].job == "b" and got[0].phase is Phase.ROLLOUT  # type: ignore[attr-defined]
+        waiter.close()
+        op.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_leader_that_stands_by_sends_its_sidecars_to_the_new_leader(redis_server: RedisProcess,
+                                                                      tmp_path: Path) -> None:
+    with leader_and_standby(redis_server, tmp_path, ["--leader-ttl", "1", "--heartbeat-interval", "0.2"]) as (a, b):
+        client = CoordinatorClient([a.address, b.address], retry_s=30.0)
+        add_nodes(client, 1, 1)  # their streams go to a, the leader
+        b.start()
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGSTOP)  # a misses its leadership renewals: b takes over
+        at_b = CoordinatorClient(b.address, retry_s=30.0)
+        deadline = time.monotonic() + 30
+        while not at_b.cluster_state().ready:
+            assert time.monotonic() < deadline, "the standby did not take over"
+            time.sleep(0.1)
+        a.proc.send_signal(signal.SIGCONT)  # a finds its lease gone and stands by
+        deadline = time.monotonic() + 30
+        while {n.node_id: n.state for n in at_b.cluster_state().nodes} != {"r0": "ready", "t0": "ready"}:
+            assert time.monotonic() < deadline, (
+                f"the nodes did not reach the new leader: {[(n.node_id, n.state) for n in at_b.cluster_state().nodes]}")
+            time.sleep(0.1)
+        job = at_b.register_job(job_spec("after"))
+        assert job.acquire(Phase.ROLLOUT, 0, timeout_s=10).nodes == ("r0",)
+        at_b.close()
+        client.close()
