@@ -288,7 +288,7 @@ class RollMuxPolicy:
         elif self.learner is not None and self.config.learn and not measured:
             r, t = self.learner.shrink()
             lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
-            yardstick = lone.t_solo_s
+            yardstick = profile.t_solo_s  # the prior's: lone's solo iteration (less a margin before the prior exists)
         options = new_group_options(lone, state.cluster, allowed)
         budget = job.slo * yardstick * (1.0 + self.config.slo_tolerance)
         feasible = [o for o in options if o.planned_s <= budget]
