@@ -65,15 +65,18 @@ than the plan's, so a realised solo iteration is the stricter yardstick)."""
 
 
 def _worth_it(job: JobSpec, saving: float, downtime_s: float, remaining_s: float, config: PolicyConfig,
-              state: ClusterState, slowdown_after: float = 1.0) -> bool:
-    """Saving over the remaining run >= payback x the job's own $ during the downtime, and SLO slack left.
+              state: ClusterState, slowdown_after: float = 1.0, stall_usd_per_h: float = 0.0) -> bool:
+    """Saving over the remaining run >= payback x the $ the downtime costs, and SLO slack left.
 
-    `slowdown_after` is the job's planned slowdown where it goes; the downtime must fit in
-    `SLACK_SHARE` of what its SLO still allows over its remaining run at that slowdown.
+    The downtime costs the job's own $ (an isolated group's), or `stall_usd_per_h` where more: the
+    group it joins waits for it in the round-robin order (its first phase comes late), so that
+    group's whole $/h is idle for the downtime. `slowdown_after` is the job's planned slowdown where
+    it goes; the downtime must fit in `SLACK_SHARE` of what its SLO still allows over its remaining
+    run at that slowdown.
     """
     if saving <= 1e-9 or remaining_s <= 0:
         return False
-    own = isolated_cost(job, state.cluster)
+    own = max(isolated_cost(job, state.cluster), stall_usd_per_h)
     if saving * remaining_s < config.regroup_payback * own * downtime_s:
         return False
     return downtime_s <= SLACK_SHARE * (job.slo - slowdown_after) * remaining_s
@@ -151,7 +154,9 @@ def _single_move(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str
     saving = work_saving(usd_before, from_before + to_before,
                          usd_before - freed + decision.delta_usd_per_h, from_after + to_after)
     down = relocation_s(spec, policy.config)
-    if not _worth_it(spec, saving, down, remaining_s, policy.config, state, _slowdown(decision, spec, member.profile)):
+    stall = (target.usd_per_h if target is not None else 0.0) + decision.delta_usd_per_h
+    if not _worth_it(spec, saving, down, remaining_s, policy.config, state, _slowdown(decision, spec, member.profile),
+                     stall):
         return None
     return [Move(job=name, from_group=gid, decision=decision, saving_usd_per_h=saving, downtime_s=down,
                  reason=f"frees ${freed:,.2f}/h in {gid}, costs +${decision.delta_usd_per_h:,.2f}/h "
@@ -191,12 +196,15 @@ def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
         if shared_s <= 0:
             continue
         # The pair lasts until the shorter job ends; the survivor then holds the pair's group, which
-        # may cost more than the group it left: that excess, over the rest of its run, counts against.
+        # may cost more than the group it left: that excess counts against, over the rest of its run
+        # or until one more move puts it back in a lone group of that price, whichever costs less.
         longer = max(rem, key=lambda n: rem[n])
-        total = saving * shared_s - max(0.0, cost[0] - lone[longer]) * (rem[longer] - shared_s)
+        spec_l = a if longer == name else b
+        move_back = max(isolated_cost(spec_l, state.cluster), cost[0]) * relocation_s(spec_l, config)
+        total = saving * shared_s - min(max(0.0, cost[0] - lone[longer]) * (rem[longer] - shared_s), move_back)
         if total <= 0 or not all(
                 _worth_it(sp, total / 2 / rem[sp.name], relocation_s(sp, config), rem[sp.name], config, state,
-                          _slowdown(join, sp, prof[sp.name]))  # the join's periods cover both
+                          _slowdown(join, sp, prof[sp.name]), cost[0])  # the join's periods cover both
                 for sp in (a, b)):
             continue
         where = {name: gid, b_name: other.group_id}
