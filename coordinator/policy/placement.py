@@ -265,32 +265,38 @@ class RollMuxPolicy:
         return PhaseProfile.planned(job)
 
     def place(self, job: JobSpec, state: ClusterState, exclude: str | None = None,
-              measured: bool = False) -> PlacementDecision:
+              measured: bool = False, profile: PhaseProfile | None = None) -> PlacementDecision:
         """Where `job` goes; `exclude` names a group not to consider (relocating a member out of it).
 
         `measured`: the job's times are its learned ones (a running job being moved), so they are
-        used as they are, without the fleet prior a newcomer is judged against.
+        used as they are, without the fleet prior a newcomer is judged against. `profile`: plan the
+        job with this profile (a running job's learned one: high-percentile phases, SLO judged
+        against its measured solo iteration) instead.
         """
         if not job.has_times or job.rollout_state_bytes is None or job.train_state_bytes is None:
             raise PolicyError(f"job {job.name} is not resolved: call profiler.resolve() before placing it")
         allowed = allowed_modes(job, self.config)
-        profile = PhaseProfile.planned(job) if measured else self.initial_profile(job)
+        if profile is None:
+            profile = PhaseProfile.planned(job) if measured else self.initial_profile(job)
         rejections: list[Rejection] = []
         best = self._best_join(job, state, allowed, exclude, rejections, profile)
         # A lone job's slowdown is its own time there over its own solo time: compare them on the
-        # same (prior-shrunk) times, as its owner would measure both.
-        lone = job
-        if self.learner is not None and self.config.learn and not measured:
+        # same (prior-shrunk or learned) times, as its owner would measure both.
+        lone, yardstick = job, job.t_solo_s
+        if profile.learned:
+            lone, yardstick = replace(job, t_roll_s=profile.t_roll_s, t_train_s=profile.t_train_s), profile.t_solo_s
+        elif self.learner is not None and self.config.learn and not measured:
             r, t = self.learner.shrink()
             lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
+            yardstick = profile.t_solo_s  # the prior's: lone's solo iteration (less a margin before the prior exists)
         options = new_group_options(lone, state.cluster, allowed)
-        budget = job.slo * lone.t_solo_s * (1.0 + self.config.slo_tolerance)
+        budget = job.slo * yardstick * (1.0 + self.config.slo_tolerance)
         feasible = [o for o in options if o.planned_s <= budget]
         for o in options:
             if o not in feasible:
                 rejections.append(Rejection(group_id="new", strategy=Strategy.ISOLATED, reason=RejectReason.SLO,
                                             message=f"{o.deployment.value} alone on {o.train_nodes} {o.train_pool.value} "
-                                                    f"node(s): {o.planned_s / lone.t_solo_s:.2f} > {job.slo:.2f}"))
+                                                    f"node(s): {o.planned_s / yardstick:.2f} > {job.slo:.2f}"))
         if not feasible:  # nothing meets the SLO alone (a fixed co-located mode that is too slow): run it anyway
             feasible = options[:1] if best is None else []
         fresh = min(feasible, key=lambda o: o.usd_per_h, default=None)
@@ -307,10 +313,10 @@ class RollMuxPolicy:
         return PlacementDecision(
             job=job.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
             new_rollout_nodes=fresh.rollout_nodes, new_train_nodes=fresh.train_nodes, delta_usd_per_h=fresh.usd_per_h,
-            t_coexec_s={job.name: fresh.planned_s * job.t_solo_s / lone.t_solo_s}, rejections=tuple(rejections), deployment=fresh.deployment,
+            t_coexec_s={job.name: fresh.planned_s if profile.learned else fresh.planned_s * job.t_solo_s / yardstick}, rejections=tuple(rejections), deployment=fresh.deployment,
             train_pool=fresh.train_pool,
             reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
-                   f"(planned slowdown {fresh.planned_s / lone.t_solo_s:.2f} <= SLO {job.slo:.2f}) of {reason}")
+                   f"(planned slowdown {fresh.planned_s / yardstick:.2f} <= SLO {job.slo:.2f}) of {reason}")
 
     def _best_join(self, job: JobSpec, state: ClusterState, allowed: tuple[Deployment, ...], exclude: str | None,
                    rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:
