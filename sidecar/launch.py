@@ -138,11 +138,12 @@ class LocalCluster:
         fill_saturated: let the placement policy pack into a saturated group while every SLO holds
             (the demo packs three jobs onto one node per pool).
         lease_ttl_s: run-permit lease TTL.
+        redis_url: keep the coordinator's state in this Redis (None: the embedded store).
     """
 
     def __init__(self, workdir: Path, *, pools: Pools | None = None, fill_saturated: bool = False,
-                 lease_ttl_s: float = 10.0) -> None:
-        self.dir, self.pools = workdir, pools or Pools()
+                 lease_ttl_s: float = 10.0, redis_url: str | None = None) -> None:
+        self.dir, self.pools, self.redis_url = workdir, pools or Pools(), redis_url
         self.fill_saturated, self.lease_ttl_s = fill_saturated, lease_ttl_s
         self.procs = Procs()
         self.server: Any = None
@@ -162,7 +163,7 @@ class LocalCluster:
 
         self.server = start_in_thread(ServerOptions(
             listen="127.0.0.1:0", http=None, cluster=ClusterSpec(gpus_per_node=1, host_dram_bytes=1 << 40),
-            config=ServiceConfig(lease_ttl_s=self.lease_ttl_s)))
+            config=ServiceConfig(lease_ttl_s=self.lease_ttl_s), redis_url=self.redis_url))
         if not self.server.wait_ready(30.0):
             raise LaunchError("the embedded coordinator did not become ready within 30s")
         if self.fill_saturated:

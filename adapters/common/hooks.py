@@ -77,6 +77,9 @@ class _HookedLoader(importlib.abc.Loader):
     def __init__(self, loader: Any) -> None:
         self._loader = loader
 
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... (runpy uses them for `python -m`)
+        return getattr(self._loader, name)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._loader, "create_module", None)
         return create(spec) if create is not None else None

@@ -47,12 +47,13 @@ class Patcher:
         supported: PEP 440 specifier of the supported versions, declared once (e.g. ">=0.9,<0.10").
         targets: what to wrap.
         remedy: appended to every error (what the user can do instead).
+        on_applied: called with (module, dotted names wrapped) each time a module's targets are wrapped.
     """
 
     def __init__(self, *, adapter: str, distribution: str, supported: str, targets: Sequence[PatchTarget],
-                 remedy: str) -> None:
+                 remedy: str, on_applied: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
         self.adapter, self.distribution, self.supported = adapter, distribution, supported
-        self.targets, self.remedy = tuple(targets), remedy
+        self.targets, self.remedy, self.on_applied = tuple(targets), remedy, on_applied
         self._lock = threading.RLock()
         self._on = False
         self._applied: dict[str, _Applied] = {}  # dotted -> record
@@ -127,11 +128,15 @@ class Patcher:
         with self._lock:
             if not self._on:
                 return
+            done = []
             for target in self.targets:
                 if target.module == name and target.dotted not in self._applied:
                     rec = self._wrap(module, target)
                     if rec is not None:
                         self._applied[target.dotted] = rec
+                        done.append(target.dotted)
+        if done and self.on_applied is not None:
+            self.on_applied(name, tuple(done))
 
     def _wrap(self, module: ModuleType, target: PatchTarget) -> _Applied | None:
         owner, name = self._resolve(module, target)

@@ -89,6 +89,11 @@ class PhaseTracker:
         """The iteration of the open phase, else of the next one."""
         return self._open.iteration if self._open else self._next[1]
 
+    @property
+    def upcoming(self) -> str:
+        """The open phase's name, else the next phase's."""
+        return self._open.phase if self._open else self._next[0]
+
     def begin(self, phase: str) -> None:
         """Open `phase` (closing the open one first); a no-op when `phase` is already open.
 
@@ -128,7 +133,7 @@ class PhaseTracker:
                                                 t_start=cur.t_start, t_end=time.time()))
 
 
-def _around(before: Callable[[], None] | None, after: Callable[[], None] | None) -> Wrapper:
+def around(before: Callable[[], None] | None, after: Callable[[], None] | None) -> Wrapper:
     """A wrapper running `before`, the call, then `after` (also for coroutines)."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -156,17 +161,17 @@ async def _run_async(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs:
 
 def begins(tracker: Callable[[], PhaseTracker | None], phase: str) -> Wrapper:
     """Open `phase` before the call (it stays open after)."""
-    return _around(lambda: _each(tracker, lambda t: t.begin(phase)), None)
+    return around(lambda: _each(tracker, lambda t: t.begin(phase)), None)
 
 
 def spans(tracker: Callable[[], PhaseTracker | None], phase: str) -> Wrapper:
     """Open `phase` before the call and close it after (the call is the whole phase)."""
-    return _around(lambda: _each(tracker, lambda t: t.begin(phase)), lambda: _each(tracker, lambda t: t.end(phase)))
+    return around(lambda: _each(tracker, lambda t: t.begin(phase)), lambda: _each(tracker, lambda t: t.end(phase)))
 
 
 def ends(tracker: Callable[[], PhaseTracker | None], phase: str) -> Wrapper:
     """Close `phase` after the call, if it is the open one."""
-    return _around(None, lambda: _each(tracker, lambda t: t.end(phase)))
+    return around(None, lambda: _each(tracker, lambda t: t.end(phase)))
 
 
 def _each(tracker: Callable[[], PhaseTracker | None], act: Callable[[PhaseTracker], None]) -> None:
