@@ -34,4 +34,5 @@ if (( dev )) && ! command -v redis-server >/dev/null 2>&1; then
     echo "[setup] redis-server not found: install it (e.g. 'sudo apt-get install redis-server'); Redis tests will be skipped" >&2
   fi
 fi
+(( dev )) && bash scripts/setup_chart.sh  # helm, kubernetes-validate, hadolint for tests/charts
 echo "[setup] done"

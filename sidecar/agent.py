@@ -19,16 +19,24 @@ is aborted on this node and deregistered at the coordinator, which frees the nod
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmux.coordinator.service.api import FailedPreconditionError, NotFoundError, ServiceError
+from rollmux.coordinator.service.api import (
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceError,
+    UnauthenticatedError,
+)
 from rollmux.coordinator.service.client import (
     CoordinatorClient,
     JobClient,
@@ -36,15 +44,13 @@ from rollmux.coordinator.service.client import (
     Permit,
     PermitTimeoutError,
 )
-from rollmux.model import Phase, Pool
+from rollmux.model import Lease, Migration, Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar.api import (
     PHASES,
     Connection,
     ConnectionState,
     JobAbortedError,
-    Lease,
-    Migration,
     PermitWaitTimeoutError,
     RankLease,
     RankLeaseError,
@@ -138,6 +144,10 @@ class NodeAgent:
         assert self._session is not None, "start() first"
         return self._session.connected.wait(timeout_s)
 
+    def connect_error(self) -> ServiceError | None:
+        """Why the coordinator stream is not up, as the coordinator (or the transport) answered."""
+        return self._session.last_error if self._session is not None else None
+
     def stop(self) -> None:
         """Close the coordinator stream; rank leases end with the process."""
         self._stop.set()
@@ -192,6 +202,9 @@ class NodeAgent:
                 if job is not None and job.permit is not None and job.permit.epoch == r.epoch:
                     job.permit = None  # stop renewing; its ranks must stop the phase
                     job.last_released_epoch = max(job.last_released_epoch, r.epoch)
+                    for rank in job.live_ranks():
+                        if rank.state is RankState.RUNNING:
+                            rank.move(RankState.IDLE, f"lease epoch {r.epoch} revoked: {r.reason}")
                     self._cv.notify_all()
             self._record("revoked", job=r.job, epoch=r.epoch, reason=r.reason)
             self._fan_out(r.job, ("revoked", r))
@@ -206,8 +219,24 @@ class NodeAgent:
             q.put(event)
 
     # ------------------------------------------------------------------------------ rank leases
-    def attach(self, job_name: str, job_token: str, rank: int, pid: int) -> tuple[RankLease, queue.Queue[Any]]:
-        """Open a rank's lease. Checks the job token against the coordinator on the job's first rank.
+    def note(self, event: str, **fields: Any) -> None:
+        """Record a node event (NodeStatus, the event log), e.g. a refused local connection."""
+        self._record(event, **fields)
+
+    def register_job(self, spec: pb.JobSpec, nonce: str | None) -> JobClient:
+        """Relay a local job's registration to the coordinator with this node's credential.
+
+        Raises:
+            ServiceError: the coordinator refused it (bad spec, name taken, relaying disabled, ...).
+        """
+        job = self.coordinator.register_job(spec, nonce=nonce, relay_node=self.config.node_id, token=self.node_token)
+        self._record("job_registered", job=job.name, relayed=True)  # never the token
+        return job
+
+    def attach(self, job_name: str, job_token: str, rank: int, pid: int, *,
+               conn: str = "") -> tuple[RankLease, queue.Queue[Any]]:
+        """Open a rank's lease on connection `conn`; checks the job token against the coordinator
+        on the job's first rank (or when the token differs from the one already checked).
 
         Raises:
             SidecarUnreachableError: the coordinator cannot be reached.
@@ -215,14 +244,16 @@ class NodeAgent:
         """
         with self._cv:
             job = self._jobs.get(job_name)
-            fresh = job is None or job.aborted is not None or job.client.token != job_token
+            fresh = (job is None or job.aborted is not None
+                     or not hmac.compare_digest(job.client.token.encode(), job_token.encode()))
         if fresh:
             client = self.coordinator.job(job_name, job_token)
             try:
                 client.status()
-            except NotFoundError as exc:
-                raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator: register it "
-                                     f"first (RegisterJob) and pass its token ({exc})") from None
+            except (NotFoundError, PermissionDeniedError, UnauthenticatedError) as exc:
+                raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator, or the token is "
+                                     f"not its token: register it first (rollmux.register) and pass the token "
+                                     f"it returned ({exc})") from None
             except ServiceError as exc:
                 if "UNAVAILABLE" in str(exc):
                     raise SidecarUnreachableError(
@@ -232,24 +263,30 @@ class NodeAgent:
         with self._cv:
             if fresh:
                 self._jobs[job_name] = LocalJob(name=job_name, client=client)
-            self._seq += 1
-            lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}", job=job_name, rank=rank, pid=pid)
+            self._seq += 1  # the random part makes ids unguessable; they are honoured only on `conn` anyway
+            lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}.{secrets.token_urlsafe(12)}", job=job_name,
+                              rank=rank, pid=pid, conn=conn)
             self._jobs[job_name].ranks[lease.rank_id] = lease
             self._ranks[lease.rank_id] = lease
             inbox: queue.Queue[Any] = queue.Queue()
             self._inbox[lease.rank_id] = inbox
-        self._record("rank_attached", job=job_name, rank=rank, pid=pid, rank_id=lease.rank_id)
+        self._record("rank_attached", job=job_name, rank=rank, pid=pid)
         return lease, inbox
 
-    def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False) -> None:
+    def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False, conn: str = "") -> None:
         """End a rank's lease: a clean ``Detach`` or a dropped stream (the rank died). Idempotent.
 
         A dead rank aborts its job here and deregisters it, so the coordinator frees the node now
         (not after the lease TTL). A clean detach with `job_done` deregisters the finished job.
+
+        Raises:
+            RankLeaseError: a ``Detach`` for a rank id that is not live on connection `conn`.
         """
         with self._cv:
             lease = self._ranks.get(rank_id)
-            if lease is None or not lease.live:
+            if lease is None or not lease.live or lease.conn != conn:
+                if clean and (lease is None or lease.conn != conn):
+                    raise self._no_lease(rank_id)
                 return
             job = self._jobs[lease.job]
             lease.move(RankState.DETACHED if clean else RankState.DEAD,
@@ -260,12 +297,17 @@ class NodeAgent:
                 job.aborted = f"rank {lease.rank} (pid {lease.pid}) of job {job.name!r} died on node " \
                               f"{self.config.node_id}"
                 job.permit = None  # stop renewing its lease
+            abandoned = job.permit.epoch if job.permit is not None and not job.live_ranks() else 0
+            if abandoned:  # the last local rank left mid-phase: stop renewing, the lease lapses at its TTL
+                job.permit = None
             if not job.live_ranks() and job.permit is None:
                 self._jobs.pop(job.name, None)
             self._cv.notify_all()
         if inbox is not None:
             inbox.put(("detached", None))  # ends the rank's Attach stream
         self._record("rank_detached" if clean else "rank_dead", job=lease.job, rank=lease.rank, pid=lease.pid)
+        if abandoned:
+            self._record("permit_abandoned", job=job.name, epoch=abandoned)
         if not clean:
             self._fan_out(lease.job, ("revoked", pb.PermitRevoked(job=lease.job, reason=job.aborted or "")))
         if deregister:
@@ -273,20 +315,25 @@ class NodeAgent:
                 released = job.client.deregister()
                 self._record("job_deregistered", job=job.name, released=released,
                              reason="finished" if clean else "rank died")
-            except NotFoundError:
+            except (NotFoundError, PermissionDeniedError):
                 pass  # another node's sidecar deregistered it first
             except ServiceError as exc:
                 log.warning("could not deregister job %s: %s", job.name, exc)
 
-    def _rank(self, rank_id: str) -> tuple[RankLease, LocalJob]:
+    def _no_lease(self, rank_id: str) -> RankLeaseError:
+        return RankLeaseError(f"rank id {rank_id[:80]!r} holds no live lease on this connection to node "
+                              f"{self.config.node_id}: attach again (rollmux.init)")
+
+    def _rank(self, rank_id: str, conn: str) -> tuple[RankLease, LocalJob]:
+        """The live lease `rank_id` names, if it was attached on connection `conn` (one answer for
+        unknown ids and ids of other connections: no oracle for guessing)."""
         lease = self._ranks.get(rank_id)
-        if lease is None or not lease.live:
-            raise RankLeaseError(f"rank id {rank_id!r} holds no live lease on node {self.config.node_id}: "
-                                 "attach again (rollmux.init)")
+        if lease is None or not lease.live or lease.conn != conn:
+            raise self._no_lease(rank_id)
         return lease, self._jobs[lease.job]
 
     # ------------------------------------------------------------------------------------ permits
-    def acquire(self, rank_id: str, phase: str, iteration: int, timeout_s: float) -> Lease:
+    def acquire(self, rank_id: str, phase: str, iteration: int, timeout_s: float, *, conn: str = "") -> Lease:
         """Block until the job's permit for (`phase`, `iteration`) holds this node; fan it out.
 
         Raises:
@@ -296,7 +343,7 @@ class NodeAgent:
         """
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            lease, job = self._rank(rank_id)
+            lease, job = self._rank(rank_id, conn)
             lease.move(RankState.WAITING, f"Acquire {phase}({iteration})")
         try:
             return self._acquire(lease, job, phase, iteration, deadline)
@@ -317,7 +364,7 @@ class NodeAgent:
                     p = job.permit
                     if p is not None and (p.phase.value, p.iteration) == want:
                         lease.move(RankState.RUNNING, f"epoch {p.epoch}")
-                        return _lease(p)
+                        return p
                     if job.acquiring is None and not job.releasing and p is None:
                         job.acquiring, lead = want, True
                         break
@@ -363,7 +410,8 @@ class NodeAgent:
                 raise SidecarUnreachableError(f"coordinator {','.join(self.coordinator.targets)} failed the "
                                               f"permit call for job {job.name!r}: {exc}") from None
 
-    def release(self, rank_id: str, epoch: int, duration_s: float, state_host_bytes: int) -> tuple[bool, str, int]:
+    def release(self, rank_id: str, epoch: int, duration_s: float, state_host_bytes: int, *,
+                conn: str = "") -> tuple[bool, str, int]:
         """Release this rank's part of a phase; returns once the node went back to the coordinator.
 
         The last local rank to release checks the job's GPU memory (NVML), then releases the permit
@@ -374,16 +422,17 @@ class NodeAgent:
             JobAbortedError: the job lost a rank meanwhile.
         """
         with self._cv:
-            lease, job = self._rank(rank_id)
-            lease.host_bytes = max(0, state_host_bytes)
+            lease, job = self._rank(rank_id, conn)
             if job.permit is None or job.permit.epoch != epoch:
                 if epoch and epoch <= job.last_released_epoch:  # retried, or revoked meanwhile
                     if lease.state is RankState.RUNNING:
                         lease.move(RankState.IDLE, f"epoch {epoch} already over")
+                    lease.host_bytes = max(0, state_host_bytes)
                     return False, "", 0
                 raise RankLeaseError(f"rank {rank_id} released epoch {epoch}, which node {self.config.node_id} "
                                      "does not hold: acquire the permit first")
-            lease.move(RankState.RELEASING, f"Release epoch {epoch}")
+            lease.move(RankState.RELEASING, f"Release epoch {epoch}")  # refused (unchanged) unless RUNNING
+            lease.host_bytes = max(0, state_host_bytes)
             job.released[rank_id] = duration_s
             pending = [r.rank_id for r in job.live_ranks() if r.rank_id not in job.released]
             lead = not pending and not job.releasing
@@ -399,9 +448,11 @@ class NodeAgent:
                 return False, "", 0
             permit, durations = job.permit, dict(job.released)
             pids = [r.pid for r in job.live_ranks()]
+            # no rank ran longer than the permit has been on this node: a rank's clock cannot say otherwise
+            duration = min(max(durations.values()), max(0.0, time.time() - job.granted_at))
         try:
             self._wait_gpu_memory(job.name, pids)
-            nxt_phase, nxt_it = job.client.release(permit, max(durations.values()))
+            nxt_phase, nxt_it = job.client.release(permit, duration)
         finally:
             with self._cv:
                 job.permit, job.releasing, job.released = None, False, {}
@@ -411,7 +462,7 @@ class NodeAgent:
                         r.move(RankState.IDLE, "node released")
                 self._cv.notify_all()
         self._record("released", job=job.name, phase=permit.phase.value, iteration=permit.iteration, epoch=epoch,
-                     duration_s=round(max(durations.values()), 6), ranks=len(durations))
+                     duration_s=round(duration, 6), ranks=len(durations))
         return True, nxt_phase.value, nxt_it
 
     def _wait_gpu_memory(self, job: str, pids: list[int]) -> None:
@@ -428,19 +479,24 @@ class NodeAgent:
                 return
             time.sleep(0.05)
 
-    def progress(self, rank_id: str, epoch: int, finished: int, total: int) -> Migration | None:
+    def progress(self, rank_id: str, epoch: int, finished: int, total: int, *, conn: str = "") -> Migration | None:
         """Forward rollout progress; returns the coordinator's migration directive, if any."""
         with self._cv:
-            _, job = self._rank(rank_id)
+            _, job = self._rank(rank_id, conn)
             permit = job.permit
         if permit is None or permit.epoch != epoch:
             return None
-        d = job.client.report_progress(permit, finished, total)
-        if d is None:
-            return None
-        return Migration(job=d.job, epoch=d.epoch, keep_nodes=d.keep_nodes, release_nodes=d.release_nodes)
+        return job.client.report_progress(permit, finished, total)
 
     # ------------------------------------------------------------------------------------- views
+    def snapshot(self) -> dict[str, Any]:
+        """Every rank lease and local job as plain data (refused calls must leave it unchanged)."""
+        with self._cv:
+            return {"connection": self.connection.state.value,
+                    "ranks": {r.rank_id: (r.job, r.rank, r.state.value, r.host_bytes) for r in self._ranks.values()},
+                    "jobs": {j.name: (j.permit.epoch if j.permit else 0, j.acquiring, j.releasing, j.aborted,
+                                      j.last_released_epoch, sorted(j.ranks)) for j in self._jobs.values()}}
+
     def status(self) -> dict[str, Any]:
         with self._cv:
             return {"node_id": self.config.node_id, "pool": self.config.pool.value,
@@ -463,10 +519,6 @@ class NodeAgent:
                 finally:
                     os.close(fd)
         log.info("%s %s", event, fields)
-
-
-def _lease(p: Permit) -> Lease:
-    return Lease(job=p.job, phase=p.phase.value, iteration=p.iteration, epoch=p.epoch, nodes=p.nodes, ttl_s=p.ttl_s)
 
 
 __all__ = ["AgentConfig", "LocalJob", "NodeAgent"]

@@ -1,5 +1,5 @@
 """Run veRL harness jobs against a real RollMux setup on this machine: redis-server, the coordinator
-(Redis-backed), one sidecar per pool (``rollmux.sidecar.launch.LocalCluster``). Shared by the tests,
+(Redis-backed), one sidecar per pool (``rollmux.demo.launch.LocalCluster``). Shared by the tests,
 ``benchmarks/verl_cpu.py`` and the veRL demo."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from job import VerlJob
 
 from rollmux.adapters.common import env as adapter_env
+from rollmux.demo.launch import LocalCluster
 from rollmux.model import JobSpec
 from rollmux.sidecar import env
-from rollmux.sidecar.launch import LocalCluster
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

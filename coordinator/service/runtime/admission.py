@@ -1,0 +1,155 @@
+"""Job registration, admission (placement by the policy onto free nodes) and removal.
+
+Admission has no head-of-line blocking: every pending job the free nodes can host is admitted, in
+arrival order, and one that must wait never holds back a later one that fits. A spec that no set
+of nodes could ever hold is refused at registration, naming the limit.
+"""
+
+from __future__ import annotations
+
+from rollmux.coordinator.policy.state import GroupState
+from rollmux.coordinator.service.api import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    JobState,
+    NodeState,
+    PermitState,
+)
+from rollmux.coordinator.service.records import GroupRecord, JobRecord, PermitRecord
+from rollmux.coordinator.service.runtime.grants import GrantQueues
+from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
+from rollmux.coordinator.service.states import JOB_TRANSITIONS, PERMIT_TRANSITIONS, transition
+from rollmux.model import JobSpec, Phase, Pool
+
+
+class Admission(GrantQueues):
+    """Registering jobs, admitting them in arrival order, removing them."""
+
+    def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
+                     relayed_by: str = "") -> tuple[JobRecord, bool]:
+        """Register a resolved job spec; returns (record, rotated) where rotated means a retried
+        registration with the same nonce (its token is replaced by the new one). `relayed_by` names
+        the node whose sidecar relayed the registration.
+
+        Raises:
+            AlreadyExistsError: the name is taken by a registration with another nonce.
+            InvalidArgumentError: no set of nodes could ever hold the job.
+        """
+        existing = self.jobs.get(spec.name)
+        if existing is not None:
+            if existing.nonce_sha256 != nonce_sha256:
+                raise AlreadyExistsError(f"job {spec.name!r} is already registered: deregister it first, "
+                                         "or retry with the nonce of the first registration")
+            existing.token_sha256 = token_sha256
+            self._touch(f"job/{spec.name}", existing)
+            return existing, True
+        self._check_can_ever_fit(spec)
+        self.meta.seq += 1
+        job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
+                        seq=self.meta.seq, relayed_by=relayed_by)
+        self.jobs[spec.name] = job
+        self._touch("meta", self.meta)
+        self._touch(f"job/{spec.name}", job)
+        self.try_admit()
+        return job, False
+
+    def _check_can_ever_fit(self, spec: JobSpec) -> None:
+        cluster, limit = self.cluster, self.config.max_nodes_per_job
+        for pool, gpus in ((Pool.ROLLOUT, spec.n_rollout_gpus), (Pool.TRAIN, spec.n_train_gpus)):
+            nodes = cluster.nodes_for(gpus)
+            if nodes > limit:
+                raise InvalidArgumentError(
+                    f"job {spec.name!r} asks for {gpus} {pool.value} GPUs = {nodes} nodes of {cluster.gpus_per_node}, "
+                    f"over the limit of {limit} nodes per pool (max_nodes_per_job): no node set could ever "
+                    "hold it; ask for fewer GPUs")
+        for pool, state in ((Pool.ROLLOUT, spec.rollout_state_bytes), (Pool.TRAIN, spec.train_state_bytes)):
+            dram = self._largest_dram(pool)
+            if state is not None and state >= dram:
+                raise InvalidArgumentError(
+                    f"job {spec.name!r} {pool.value} state of {state} bytes per node does not fit the host DRAM "
+                    f"of any {pool.value} node (largest {dram} bytes): no node could ever hold it")
+
+    def _largest_dram(self, pool: Pool) -> int:
+        return max([self.cluster.host_dram_bytes,
+                    *(n.host_dram_bytes for n in self.nodes.values() if n.pool is pool)])
+
+    def _free_nodes(self, pool: Pool, state_bytes: int) -> list[str]:
+        """READY nodes of `pool` in no group whose host DRAM holds `state_bytes`."""
+        used = self.placement.node_group
+        return sorted(n.node_id for n in self.nodes.values()
+                      if n.pool is pool and n.state is NodeState.READY and n.node_id not in used
+                      and state_bytes < n.host_dram_bytes)
+
+    def try_admit(self) -> list[str]:
+        """Admit every pending job the free nodes can host now, in arrival order (no head-of-line
+        blocking: a job that must wait never holds back a later one that fits)."""
+        return [name for name in self.pending() if self._admit(self.jobs[name])]
+
+    def _admit(self, job: JobRecord) -> bool:
+        decision = self.policy.place(job.spec, self.placement)
+        spec = job.spec
+        free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
+                Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
+        if len(free[Pool.ROLLOUT]) < decision.new_rollout_nodes or len(free[Pool.TRAIN]) < decision.new_train_nodes:
+            return False
+
+        def allocate(pool: Pool, count: int) -> list[str]:
+            taken, free[pool] = free[pool][:count], free[pool][count:]
+            return taken
+
+        group = self.placement.apply(job.spec, decision, allocate=allocate)
+        job.group_id, job.rollout_nodes = group.group_id, group.members[job.name].rollout_nodes
+        job.placement = decision.explain()
+        transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.wall(), reason=f"placed in {group.group_id}")
+        self._sync_group(group.group_id)
+        self._touch(f"job/{job.name}", job)
+        permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
+        self.permits[job.name] = permit
+        self._enqueue(permit)
+        self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
+        self._pump(job.rollout_nodes)
+        return True
+
+    def _sync_group(self, gid: str) -> None:
+        """Store the group as the placement holds it (its stored form only; no copy in memory)."""
+        g: GroupState | None = self.placement.groups.get(gid)
+        self._touch(f"group/{gid}", None if g is None else group_record(g))
+
+    def remove_job(self, name: str, *, reason: str) -> list[str]:
+        """Remove a job in any state; revokes its lease. Returns the nodes its group released."""
+        job = self.job(name)
+        released: list[str] = []
+        permit = self.permits.pop(name, None)
+        if permit is not None:
+            self._cancel_permit(permit, job, reason)
+            self._dirty[f"permit/{name}"] = lambda: None
+        group_train = self.phase_nodes(job, Phase.TRAIN)
+        if job.state is JobState.ADMITTED:
+            self._leave_rings(job)
+            released = self.placement.remove_job(name)
+            for n in released:
+                self._set_served(n, None)
+            self._sync_group(job.group_id)
+        transition(job, JOB_TRANSITIONS, JobState.REMOVED, now=self.wall(), reason=reason)
+        del self.jobs[name]
+        self._dirty[f"job/{name}"] = lambda: None
+        self._notify(Notice(kind=NoticeKind.JOB, job=name, reason=reason))
+        touched = set(job.rollout_nodes) | set(group_train)
+        self._pump(sorted(touched))
+        self.try_admit()
+        return released
+
+    def _cancel_permit(self, permit: PermitRecord, job: JobRecord, reason: str) -> None:
+        if permit.state is PermitState.GRANTED:
+            for n in permit.nodes:
+                self._free_node(n)
+            self._notify(Notice(kind=NoticeKind.REVOKED, job=job.name, nodes=permit.nodes,
+                                epoch=permit.epoch, reason=reason))
+        transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.wall(), reason=reason)
+
+
+
+def group_record(g: GroupState) -> GroupRecord:
+    """The stored form of a group: its nodes and round-robin member order."""
+    return GroupRecord(group_id=g.group_id, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
+                       members=tuple(g.members))
