@@ -7,8 +7,14 @@ Registration happens once, in the process that starts the job (veRL's driver), b
 starts: :func:`check_sidecar` fails fast when the socket does not answer, then :func:`register` sends
 the spec over the sidecar socket (the sidecar relays ``RegisterJob`` with its node credential) and
 gets the job token back. An operator who registered the job already can instead set ``ROLLMUX_JOB``
-and ``ROLLMUX_JOB_TOKEN``. The token then travels only in memory and in the job's Ray runtime
-environment (:func:`job_env`, :func:`ray_init_with_env`), never in a log line or a file.
+and ``ROLLMUX_JOB_TOKEN`` (optional).
+
+The job's Ray actors get the non-secret variables through the job's runtime environment
+(:func:`job_env`, :func:`ray_init_with_env`). The token does not go there: Ray's runtime-env agent
+writes every runtime environment, ``env_vars`` included, to its log file in the session folder. It
+goes instead into the job's own Ray GCS key-value store, which lives in the GCS process's memory
+(:func:`publish_token` in the driver after ``ray.init``, :func:`job_token` in the actor that
+attaches ranks), so it is never printed, logged or written to disk.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from rollmux.sidecar import env
 PROPAGATED = (env.SIDECAR_SOCKET, env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET,
               adapter_env.SLO)
 """Non-secret variables copied from the driver into every Ray actor of the job (when set)."""
+
+TOKEN_KV_NAMESPACE = "rollmux"
+"""Namespace of the job token in the job's Ray GCS key-value store (key: ``job-token/<job>``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,42 +118,71 @@ def slo(default: float = 1.5) -> float:
 def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:
     """Register the job for this process's opt-in and return its identity.
 
-    With ``ROLLMUX_JOB_TOKEN`` set (an operator registered the job), that identity is used as is.
-    Otherwise the spec goes over the sidecar socket and the sidecar relays ``RegisterJob``.
+    By default the spec goes over the sidecar socket and the sidecar relays ``RegisterJob`` with its
+    node credential (``rollmux.register``); the job needs no secret. Optionally, when an operator
+    registered the job already and set ``ROLLMUX_JOB_TOKEN`` (and ``ROLLMUX_JOB``), that identity is
+    used as is and nothing is sent.
 
     Args:
         spec: the job's ``rollmux.model.JobSpec``.
         timeout_s: how long to wait for the relayed registration.
 
     Raises:
-        AdapterError: this RollMux build cannot relay registrations and no token is set.
-        SidecarError: the sidecar or the coordinator refused or could not be reached.
+        SidecarError: the sidecar could not be reached, or the coordinator refused the spec (the
+            message says why, e.g. relayed registrations turned off).
     """
     token = os.environ.get(env.JOB_TOKEN, "")
     if token:
         return JobIdentity(job=os.environ.get(env.JOB) or spec.name, token=token, relayed=False)
-    from rollmux.sidecar import shim
+    from rollmux.sidecar.registration import register as relay
 
-    relay = getattr(shim, "register", None)
-    if relay is None:
-        raise AdapterError(f"RollMux is opted in ({env.SIDECAR_SOCKET}={socket_path()}) but this RollMux build "
-                           f"cannot register jobs through the sidecar: set {env.JOB} and {env.JOB_TOKEN} from an "
-                           "operator's registration, or upgrade rollmux")
     reg = relay(spec, socket=socket_path(), timeout_s=timeout_s)
-    deployment = getattr(reg, "deployment", None)
-    return JobIdentity(job=reg.job, token=reg.token, deployment=str(getattr(deployment, "value", deployment)
-                                                                     or "disaggregated"), relayed=True)
+    return JobIdentity(job=reg.job, token=reg.token, deployment=reg.deployment or "disaggregated", relayed=True)
 
 
 def job_env(identity: JobIdentity, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables every Ray actor of the job needs: the opt-in, the job's name and token, the rest."""
+    """The variables every Ray actor of the job needs: the opt-in, the job's name, the rest. Never the
+    token (Ray logs runtime environments): see :func:`publish_token`."""
     src = os.environ if environ is None else environ
     out = {k: src[k] for k in PROPAGATED if src.get(k)}
     out[env.JOB] = identity.job
     out[adapter_env.DEPLOYMENT] = identity.deployment
-    if identity.token:
-        out[env.JOB_TOKEN] = identity.token
     return out
+
+
+def _token_key(job: str) -> bytes:
+    return f"job-token/{job}".encode()
+
+
+def publish_token(identity: JobIdentity) -> None:
+    """Put the job token into the connected Ray instance's GCS key-value store (memory only). Call it in
+    the driver right after ``ray.init``; :func:`job_token` reads it in the job's actors."""
+    from ray.experimental import internal_kv
+
+    if identity.token:
+        internal_kv._internal_kv_put(_token_key(identity.job), identity.token.encode(), overwrite=True,
+                                     namespace=TOKEN_KV_NAMESPACE)
+
+
+def job_token(job: str) -> str:
+    """The job token in a Ray actor of the job: ``ROLLMUX_JOB_TOKEN`` when an operator set it in this
+    process's environment, else what the driver published (:func:`publish_token`).
+
+    Raises:
+        AdapterError: neither is there (the driver did not register the job in this Ray instance).
+    """
+    given = os.environ.get(env.JOB_TOKEN, "")
+    if given:
+        return given
+    from ray.experimental import internal_kv
+
+    raw = internal_kv._internal_kv_get(_token_key(job), namespace=TOKEN_KV_NAMESPACE) \
+        if internal_kv._internal_kv_initialized() else None
+    if not raw:
+        raise AdapterError(f"RollMux: no job token for job {job!r} in this Ray instance: the job's driver registers "
+                           "it (through the node sidecar) before any worker starts; run the job through its "
+                           f"framework's entry point, or unset {env.SIDECAR_SOCKET} to run without RollMux")
+    return bytes(raw).decode()
 
 
 def merge_runtime_env(runtime_env: Mapping[str, Any] | None, env_vars: Mapping[str, str]) -> dict[str, Any]:

@@ -5,9 +5,10 @@ identity to every Ray actor through the job's runtime environment.
 environment right before its ``ray.init``; that call is our hook (``main_ppo`` runs as ``__main__``
 under ``python -m``, so its own functions cannot be hooked). The wrapper fails fast when the sidecar
 does not answer, derives the spec from the config, registers, and adds the non-secret variables to
-the runtime environment. The token goes in only inside the next ``ray.init`` call, after veRL
-printed its arguments, so it never reaches a log line. That ``ray.init`` also gets
-``address="local"`` unless the user named a cluster: every job keeps its own Ray instance.
+the runtime environment (never the token: Ray logs runtime environments). Right after the next
+``ray.init`` the token goes into that Ray instance's in-memory key-value store, where the TaskRunner
+reads it. That ``ray.init`` also gets ``address="local"`` unless the user named a cluster: every job
+keeps its own Ray instance.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from rollmux.adapters.common import registration
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.adapters.verl import spec as verl_spec
-from rollmux.sidecar import env
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +53,24 @@ def runtime_env_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwar
     if config is None:
         return runtime_env
     ident = register_from_config(config)
-    job_vars = registration.job_env(ident)
-    secret = {k: job_vars.pop(k) for k in (env.JOB_TOKEN,) if k in job_vars}
-    runtime_env.setdefault("env_vars", {}).update(job_vars)
-    _inject_into_next_ray_init(secret)
+    runtime_env.setdefault("env_vars", {}).update(registration.job_env(ident))
+    _hook_next_ray_init(ident)
     return runtime_env
 
 
-def _inject_into_next_ray_init(env_vars: dict[str, str]) -> None:
-    """Add `env_vars` to the runtime environment of the next ``ray.init`` (one shot) and keep the job on
-    its own local Ray instance unless an address was given."""
+def _hook_next_ray_init(ident: JobIdentity) -> None:
+    """On the next ``ray.init`` (one shot): keep the job on its own local Ray instance unless an address
+    was given, then publish the job token in that instance's memory for the TaskRunner."""
     import ray
 
     original = ray.init
 
     def init(*args: Any, **kwargs: Any) -> Any:
         ray.init = original  # one shot
-        kwargs["runtime_env"] = registration.merge_runtime_env(kwargs.get("runtime_env"), env_vars)
         if not args and not kwargs.get("address") and not os.environ.get("RAY_ADDRESS"):
             kwargs["address"] = "local"
-        return original(*args, **kwargs)
+        context = original(*args, **kwargs)
+        registration.publish_token(ident)
+        return context
 
     ray.init = init

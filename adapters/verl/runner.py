@@ -3,7 +3,8 @@ TaskRunner actor), its permit gates, offload between phases and rollout progress
 
 Created lazily at the first phase boundary the trainer crosses (``CheckpointEngineManager`` and the
 trainer methods are only called in that process), it attaches this process to the node sidecar as
-rank 0 of the job, from the variables the driver put into the job's runtime environment. The
+rank 0 of the job, from the variables the driver put into the job's runtime environment and the
+token it published in the job's Ray instance. The
 rollout phase of a disaggregated job is gated on the rollout pool's sidecar through a second rank
 when ``ROLLMUX_ROLLOUT_SIDECAR_SOCKET`` names one.
 """
@@ -21,7 +22,7 @@ from typing import Any
 from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.phases import Gate
-from rollmux.adapters.common.registration import opted_in
+from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.sidecar import env
 
 log = logging.getLogger(__name__)
@@ -139,13 +140,14 @@ def tracker() -> PhaseTracker | None:
 def _start() -> Runner:
     from rollmux.sidecar import shim
 
-    shim.init()  # rank 0 on this node's sidecar (ROLLMUX_SIDECAR_SOCKET / JOB / JOB_TOKEN)
     job = os.environ.get(env.JOB, "")
+    token = job_token(job)  # published by the driver in this Ray instance's memory
+    shim.init(job=job, job_token=token)  # rank 0 on this node's sidecar (ROLLMUX_SIDECAR_SOCKET)
     rollout_socket = os.environ.get(adapter_env.ROLLOUT_SIDECAR_SOCKET, "")
     rank = None
     if rollout_socket and rollout_socket != os.environ.get(env.SIDECAR_SOCKET):
-        rank = shim.attach_rank(socket=rollout_socket, job=job, job_token=os.environ.get(env.JOB_TOKEN, ""),
-                                rank=1, event_log=os.environ.get(env.EVENT_LOG) or None)
+        rank = shim.attach_rank(socket=rollout_socket, job=job, job_token=token, rank=1,
+                                event_log=os.environ.get(env.EVENT_LOG) or None)
     own = ShimGate()
     r = Runner(job=job, tracker=PhaseTracker(gate_for=lambda phase: own), own=own, rollout_rank=rank)
     r.tracker.gate_for = r.gate_for

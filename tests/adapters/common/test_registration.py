@@ -45,8 +45,8 @@ def test_job_name_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", "/run/s.sock")
     ident = JobIdentity(job="given", token="s3cret")
     envs = reg.job_env(ident)
-    assert envs["ROLLMUX_SIDECAR_SOCKET"] == "/run/s.sock" and envs["ROLLMUX_JOB_TOKEN"] == "s3cret"
-    assert "s3cret" not in repr(ident)
+    assert envs["ROLLMUX_SIDECAR_SOCKET"] == "/run/s.sock" and envs["ROLLMUX_JOB"] == "given"
+    assert "s3cret" not in repr(ident) and "s3cret" not in repr(envs), "Ray logs runtime environments"
     merged = reg.merge_runtime_env({"env_vars": {"A": "1"}, "pip": ["x"]}, {"B": "2"})
     assert merged == {"env_vars": {"A": "1", "B": "2"}, "pip": ["x"]}
 
@@ -57,3 +57,58 @@ def test_slo_validation(monkeypatch: pytest.MonkeyPatch) -> None:
         reg.slo()
     monkeypatch.setenv("ROLLMUX_SLO", "2")
     assert reg.slo() == 2.0
+
+
+@pytest.fixture(scope="module")
+def secured_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A coordinator with a bootstrap secret and two sidecars started with --secret-file (as the chart)."""
+    from rollmux.demo.launch import LocalCluster
+
+    with LocalCluster(tmp_path_factory.mktemp("secured"), secret="bootstrap-secret-for-tests") as cluster:
+        yield cluster
+
+
+def _spec(name: str):  # type: ignore[no-untyped-def]
+    from rollmux.model import JobSpec
+
+    return JobSpec(name=name, n_rollout_gpus=1, n_train_gpus=1, t_roll_s=1.0, t_train_s=1.0, slo=3.0,
+                   rollout_state_bytes=1 << 20, train_state_bytes=1 << 20)
+
+
+def test_register_relays_through_the_sidecar_without_any_token(secured_cluster, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from rollmux.sidecar import registration as sidecar_registration
+    from rollmux.sidecar import shim
+
+    monkeypatch.delenv("ROLLMUX_JOB_TOKEN", raising=False)
+    monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", secured_cluster.sockets["train"])
+    ident = reg.register(_spec("adapter-relayed"))
+    sidecar_registration._clear()
+    assert ident.relayed and ident.job == "adapter-relayed" and len(ident.token) >= 32
+    assert ident.token not in repr(ident)
+    [job] = [j for j in secured_cluster.client.cluster_state().jobs if j.job == "adapter-relayed"]
+    assert job.relayed_by == "train-0"
+    rank = shim.attach_rank(socket=secured_cluster.sockets["rollout"], job=ident.job, job_token=ident.token, rank=1)
+    rank.close(job_done=True)  # the token the sidecar handed back authenticates the job's ranks
+
+
+def test_register_refused_names_the_reason_and_an_operator_token_is_used_as_is(secured_cluster,
+                                                                               monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from rollmux.sidecar.registration import RegistrationError
+
+    monkeypatch.delenv("ROLLMUX_JOB_TOKEN", raising=False)
+    monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", secured_cluster.sockets["train"])
+    with pytest.raises(RegistrationError, match="not registered"):
+        reg.register(_spec("bad name with spaces"))
+    monkeypatch.setenv("ROLLMUX_JOB", "by-operator")
+    monkeypatch.setenv("ROLLMUX_JOB_TOKEN", "operator-issued")
+    ident = reg.register(_spec("ignored"))
+    assert (ident.job, ident.token, ident.relayed) == ("by-operator", "operator-issued", False)
+    assert "by-operator" not in {j.job for j in secured_cluster.client.cluster_state().jobs}
+
+
+def test_job_token_prefers_the_operator_variable_else_names_the_missing_registration(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("ROLLMUX_JOB_TOKEN", "operator-issued")
+    assert reg.job_token("j") == "operator-issued"
+    monkeypatch.delenv("ROLLMUX_JOB_TOKEN")
+    with pytest.raises(AdapterError, match="no job token for job 'j' in this Ray instance"):
+        reg.job_token("j")  # no Ray instance here, nothing published

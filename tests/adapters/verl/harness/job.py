@@ -7,11 +7,13 @@ environment; everything else here is what any CPU run of the harness needs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,11 +81,16 @@ class VerlJob:
             "PYTHONPATH": os.pathsep.join([str(HARNESS), str(REPO)]),
             "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
             "WANDB_MODE": "disabled", "RMX_HARNESS_EVENTS": str(self.workdir / "harness.jsonl"),
-            "PYTHONUNBUFFERED": "1",
+            "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.ray_tmp(),
         })
         e.update(self.env)
         e.update(opt_in or {})
         return e
+
+    def ray_tmp(self) -> str:
+        """The job's own Ray temp folder (``RAY_TMPDIR``): short, since Ray puts sockets under it."""
+        digest = hashlib.sha1(str(self.workdir.resolve()).encode()).hexdigest()[:10]
+        return os.path.join(tempfile.gettempdir(), f"rmxr-{digest}")
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "verl.trainer.main_ppo", *self.overrides()]
@@ -91,6 +98,7 @@ class VerlJob:
     def start(self, opt_in: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start the job (its own session, log in ``workdir/job.log``)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        os.makedirs(self.ray_tmp(), exist_ok=True)
         log = open(self.workdir / "job.log", "wb")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(self.command(), cwd=self.workdir, env=self.environ(opt_in), stdout=log,
