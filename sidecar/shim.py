@@ -560,7 +560,9 @@ class RankHandle:
 
     def exit(self, ctx: PhaseContext) -> None:
         """End the phase: release the permit with its measured duration."""
-        _exit(self._rt, ctx)
+        current = _leave(self._rt)
+        if current is not None:
+            _exit(self._rt, current)
 
     def close(self, *, job_done: bool = False) -> None:
         """Detach this rank (ends its lease cleanly). Idempotent."""

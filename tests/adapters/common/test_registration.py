@@ -88,7 +88,13 @@ def test_register_relays_through_the_sidecar_without_any_token(secured_cluster, 
     [job] = [j for j in secured_cluster.client.cluster_state().jobs if j.job == "adapter-relayed"]
     assert job.relayed_by == "train-0"
     rank = shim.attach_rank(socket=secured_cluster.sockets["rollout"], job=ident.job, job_token=ident.token, rank=1)
-    rank.close(job_done=True)  # the token the sidecar handed back authenticates the job's ranks
+    try:  # the token the sidecar handed back authenticates the job's ranks; phases follow one another
+        ctx = rank.enter("rollout", 0)
+        assert ctx.owner and ctx.lease is not None and ctx.lease.nodes == ("rollout-0",)
+        rank.exit(ctx)
+        rank.exit(rank.enter("sync", 0))  # the train pool's phase: followed, not held, on a rollout node
+    finally:
+        rank.close(job_done=True)
 
 
 def test_register_refused_names_the_reason_and_an_operator_token_is_used_as_is(secured_cluster,
