@@ -140,11 +140,15 @@ class LocalCluster:
         fill_saturated: let the placement policy pack into a saturated group while every SLO holds
             (the demo packs three jobs onto one node per pool).
         lease_ttl_s: run-permit lease TTL.
+        redis_url: keep the coordinator's state in this Redis (None: the embedded store).
+        secret: the coordinator's bootstrap secret (None: node and operator calls are open). Set, it is
+            written to ``workdir/secret`` (mode 0600) and each sidecar reads it with ``--secret-file``
+            (as the Helm chart mounts it), so a job can register only through its node's sidecar.
     """
 
     def __init__(self, workdir: Path, *, pools: Pools | None = None, fill_saturated: bool = False,
-                 lease_ttl_s: float = 10.0) -> None:
-        self.dir, self.pools = workdir.resolve(), pools or Pools()
+                 lease_ttl_s: float = 10.0, redis_url: str | None = None, secret: str | None = None) -> None:
+        self.dir, self.pools, self.redis_url, self.secret = workdir.resolve(), pools or Pools(), redis_url, secret
         self.fill_saturated, self.lease_ttl_s = fill_saturated, lease_ttl_s
         self.procs = Procs(cwd=self.dir)
         self.server: Any = None
@@ -157,23 +161,26 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         from rollmux.coordinator.policy import RollMuxPolicy
         from rollmux.coordinator.service.api import ServiceConfig
+        from rollmux.coordinator.service.auth import operator_token
         from rollmux.coordinator.service.client import CoordinatorClient
         from rollmux.coordinator.service.runtime.state import live_policy_config
         from rollmux.coordinator.service.server import ServerOptions, start_in_thread
         from rollmux.model import ClusterSpec
 
         self.dir.mkdir(parents=True, exist_ok=True)
+        auth_flags = self._write_secret()
         config = ServiceConfig(lease_ttl_s=self.lease_ttl_s)
         self.server = start_in_thread(ServerOptions(
             listen="127.0.0.1:0", http=None, cluster=ClusterSpec(gpus_per_node=1, host_dram_bytes=1 << 40),
-            config=config))
+            config=config, redis_url=self.redis_url, secret=self.secret))
         if not self.server.wait_ready(30.0):
             raise LaunchError("the embedded coordinator did not become ready within 30s")
         if self.fill_saturated:
             # The embedded store never reloads, so the runtime built at start keeps this policy.
             live = dataclasses.replace(live_policy_config(config), fill_saturated=True)
             self.server.core.rt.policy = RollMuxPolicy(live)
-        self.client = CoordinatorClient(self.server.address)
+        self.client = CoordinatorClient(self.server.address,
+                                        token=operator_token(self.secret) if self.secret else None)
         sock_dir = Path(tempfile.mkdtemp(prefix="rmx-"))  # short path: sun_path is 107 bytes
         for node, pool, cpu in (("rollout-0", "rollout", self.pools.rollout_cpu),
                                 ("train-0", "train", self.pools.train_cpu)):
@@ -181,7 +188,7 @@ class LocalCluster:
             ready = self.dir / f"{node}.ready"
             self.procs.spawn(node, ["-m", "rollmux", "sidecar", "--coordinator", self.server.address,
                                     "--node-id", node, "--pool", pool, "--socket", path, "--no-nvml",
-                                    "--event-log", str(self.node_events), "--ready-file", str(ready)],
+                                    "--event-log", str(self.node_events), "--ready-file", str(ready), *auth_flags],
                              log=self.dir / f"{node}.log", cpus={cpu})
             self.sockets[pool] = path
         deadline = time.monotonic() + 120
@@ -191,6 +198,18 @@ class LocalCluster:
                     raise LaunchError(f"sidecar {node} did not come up; see {self.dir / (node + '.log')}")
                 time.sleep(0.05)
         return self
+
+    def _write_secret(self) -> list[str]:
+        """Write the bootstrap secret for the sidecars (owner-only); their flags (none without one)."""
+        if not self.secret:
+            return []
+        path = self.dir / "secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, self.secret.encode())
+        finally:
+            os.close(fd)
+        return ["--secret-file", str(path)]
 
     def stop(self) -> None:
         self.procs.terminate()

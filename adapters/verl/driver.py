@@ -1,0 +1,76 @@
+"""The driver side: register the job through the node sidecar before Ray starts, and hand the job's
+identity to every Ray actor through the job's runtime environment.
+
+``verl.trainer.main_ppo.run_ppo`` asks ``get_ppo_ray_runtime_env(config)`` for the runtime
+environment right before its ``ray.init``; that call is our hook (``main_ppo`` runs as ``__main__``
+under ``python -m``, so its own functions cannot be hooked). The wrapper fails fast when the sidecar
+does not answer, derives the spec from the config, registers, and adds the non-secret variables to
+the runtime environment (never the token: Ray logs runtime environments). Right after the next
+``ray.init`` the token goes into that Ray instance's in-memory key-value store, where the TaskRunner
+reads it. That ``ray.init`` also gets ``address="local"`` unless the user named a cluster: every job
+keeps its own Ray instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from rollmux.adapters.common import registration
+from rollmux.adapters.common.registration import JobIdentity
+from rollmux.adapters.verl import spec as verl_spec
+
+log = logging.getLogger(__name__)
+
+_identity: JobIdentity | None = None
+
+
+def identity() -> JobIdentity | None:
+    """The job registered by this process (None before registration or outside the driver)."""
+    return _identity
+
+
+def register_from_config(config: Any) -> JobIdentity:
+    """Fail fast without a sidecar, then register the job described by the veRL `config` (once)."""
+    global _identity
+    if _identity is not None:
+        return _identity
+    registration.check_sidecar(registration.socket_path())
+    name = registration.job_name(verl_spec.get(config, "trainer.project_name"),
+                                 verl_spec.get(config, "trainer.experiment_name"))
+    job = verl_spec.job_spec(config, name=name, slo=registration.slo())
+    _identity = registration.register(job)
+    log.warning("RollMux: job %s registered (%s; %d train GPUs, %d rollout GPUs, %.4fB params)", _identity.job,
+                _identity.deployment, job.n_train_gpus, job.n_rollout_gpus, job.model_params_b)
+    return _identity
+
+
+def runtime_env_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Wraps ``get_ppo_ray_runtime_env(config)``: register, then extend the runtime environment."""
+    runtime_env = wrapped(*args, **kwargs)
+    config = args[0] if args else kwargs.get("config")
+    if config is None:
+        return runtime_env
+    ident = register_from_config(config)
+    runtime_env.setdefault("env_vars", {}).update(registration.job_env(ident))
+    _hook_next_ray_init(ident)
+    return runtime_env
+
+
+def _hook_next_ray_init(ident: JobIdentity) -> None:
+    """On the next ``ray.init`` (one shot): keep the job on its own local Ray instance unless an address
+    was given, then publish the job token in that instance's memory for the TaskRunner."""
+    import ray
+
+    original = ray.init
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        ray.init = original  # one shot
+        if not args and not kwargs.get("address") and not os.environ.get("RAY_ADDRESS"):
+            kwargs["address"] = "local"
+        context = original(*args, **kwargs)
+        registration.publish_token(ident)
+        return context
+
+    ray.init = init

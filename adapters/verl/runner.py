@@ -1,0 +1,169 @@
+"""The trainer-loop side: the job's phase tracker in the process that runs veRL's trainer (the
+TaskRunner actor), its permit gates, offload between phases and rollout progress.
+
+Created lazily at the first phase boundary the trainer crosses (``CheckpointEngineManager`` and the
+trainer methods are only called in that process), it attaches this process to the node sidecar as
+rank 0 of the job, from the variables the driver put into the job's runtime environment and the
+token it published in the job's Ray instance. The
+rollout phase of a disaggregated job is gated on the rollout pool's sidecar through a second rank
+when ``ROLLMUX_ROLLOUT_SIDECAR_SOCKET`` names one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmux.adapters.common import PhaseTracker
+from rollmux.adapters.common import env as adapter_env
+from rollmux.adapters.common.phases import Gate
+from rollmux.adapters.common.registration import job_token, opted_in
+from rollmux.sidecar import env
+
+log = logging.getLogger(__name__)
+
+
+class ShimGate:
+    """This process's own rank: ``rollmux.phase`` entered and left explicitly."""
+
+    def enter(self, phase: str, iteration: int) -> Any:
+        from rollmux.sidecar import shim
+
+        ctx = shim.phase(phase, iteration=iteration)
+        ctx.__enter__()
+        return ctx
+
+    def exit(self, handle: Any) -> None:
+        handle.__exit__(None, None, None)
+
+
+class RankGate:
+    """A second rank of the job on another sidecar (``shim.attach_rank``)."""
+
+    def __init__(self, rank: Any) -> None:
+        self.rank = rank
+
+    def enter(self, phase: str, iteration: int) -> Any:
+        return self.rank.enter(phase, iteration)
+
+    def exit(self, handle: Any) -> None:
+        self.rank.exit(handle)
+
+
+@dataclass(slots=True)
+class Runner:
+    """The opted-in trainer loop of one job (one per process)."""
+
+    job: str
+    tracker: PhaseTracker
+    own: ShimGate
+    rollout_rank: Any = None  # shim.RankHandle on the rollout pool's sidecar, or None
+    trainer: Any = None  # the veRL trainer, seen at its first train boundary
+    offload_s: list[float] = field(default_factory=list)  # measured worker `to("cpu")` times
+    reload_s: list[float] = field(default_factory=list)  # measured worker `to("device")` times
+    finished: bool = False
+
+    def gate_for(self, phase: str) -> Gate:
+        if phase == "rollout" and self.rollout_rank is not None:
+            return RankGate(self.rollout_rank)
+        return self.own
+
+    # ------------------------------------------------------------------------- phase callbacks
+    def on_enter(self, phase: str, iteration: int) -> None:
+        if phase == "train":
+            self._move("device", self.reload_s)
+
+    def on_exit(self, phase: str, iteration: int) -> None:
+        if phase == "sync":
+            self._move("cpu", self.offload_s)  # trainer state leaves the GPU until the next train phase
+
+    def _move(self, device: str, times: list[float]) -> None:
+        wg = getattr(self.trainer, "actor_rollout_wg", None)
+        if wg is None or not hasattr(wg, "to") or _engine_offloads(self.trainer):
+            return
+        t0 = time.perf_counter()
+        wg.to(device, model=True, optimizer=True, grad=True)
+        times.append(time.perf_counter() - t0)
+        record("offload" if device == "cpu" else "reload", job=self.job, seconds=round(times[-1], 6))
+
+    def finish(self) -> None:
+        """End the open phase and deregister the job (clean exit). Idempotent."""
+        if self.finished:
+            return
+        self.finished = True
+        from rollmux.sidecar import shim
+
+        try:
+            self.tracker.end()
+        finally:
+            if self.rollout_rank is not None:
+                self.rollout_rank.close()
+            shim.shutdown(job_done=True)
+            record("finished", job=self.job, phases=len(self.tracker.history))
+
+
+def _engine_offloads(trainer: Any) -> bool:
+    """True when veRL already offloads the actor between its own calls (param + optimizer offload)."""
+    cfg = getattr(trainer, "config", None)
+    try:
+        fsdp = cfg.actor_rollout_ref.actor.fsdp_config  # type: ignore[union-attr]
+        return bool(fsdp.param_offload) and bool(fsdp.optimizer_offload)
+    except AttributeError:
+        return False
+
+
+_runner: Runner | None = None
+_lock = threading.Lock()
+
+
+def runner() -> Runner | None:
+    """This process's runner, created at the first call when opted in (None otherwise)."""
+    global _runner
+    if _runner is not None or not opted_in():
+        return _runner
+    with _lock:
+        if _runner is None:
+            _runner = _start()
+    return _runner
+
+
+def tracker() -> PhaseTracker | None:
+    r = runner()
+    return None if r is None or r.finished else r.tracker
+
+
+def _start() -> Runner:
+    from rollmux.sidecar import shim
+
+    job = os.environ.get(env.JOB, "")
+    token = job_token(job)  # published by the driver in this Ray instance's memory
+    shim.init(job=job, job_token=token)  # rank 0 on this node's sidecar (ROLLMUX_SIDECAR_SOCKET)
+    rollout_socket = os.environ.get(adapter_env.ROLLOUT_SIDECAR_SOCKET, "")
+    rank = None
+    if rollout_socket and rollout_socket != os.environ.get(env.SIDECAR_SOCKET):
+        rank = shim.attach_rank(socket=rollout_socket, job=job, job_token=token, rank=1,
+                                event_log=os.environ.get(env.EVENT_LOG) or None)
+    own = ShimGate()
+    r = Runner(job=job, tracker=PhaseTracker(gate_for=lambda phase: own), own=own, rollout_rank=rank)
+    r.tracker.gate_for = r.gate_for
+    r.tracker.on_enter, r.tracker.on_exit = r.on_enter, r.on_exit
+    record("attached", job=job, rollout_rank=rank is not None)
+    return r
+
+
+def record(event: str, **fields: Any) -> None:
+    """Append an adapter record (no ``owner`` key: phase readers skip it) to ``ROLLMUX_EVENT_LOG``."""
+    path = os.environ.get(env.EVENT_LOG)
+    if not path:
+        return
+    rec = {"kind": "adapter", "event": event, "pid": os.getpid(), "t": round(time.time(), 6), **fields}
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+    finally:
+        os.close(fd)

@@ -1,0 +1,81 @@
+"""The RollMux job spec of a veRL job, derived from its Hydra config (pure; no Ray, no GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from rollmux.model import JobSpec
+
+_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+
+def get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        try:
+            node = node.get(part)
+        except AttributeError:
+            node = getattr(node, part, None)
+        if node is None:
+            return default
+    return node
+
+
+def disaggregated(cfg: Any) -> bool:
+    """True when the job runs a standalone rollout pool (``rollout.nnodes > 0`` or no hybrid engine)."""
+    return int(get(cfg, "actor_rollout_ref.rollout.nnodes", 0) or 0) > 0 \
+        or not bool(get(cfg, "actor_rollout_ref.hybrid_engine", True))
+
+
+def param_count(model_path: str) -> int:
+    """Parameters of the model at `model_path` (its HF ``config.json``), counted on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _hf_dtype_bytes(model_path: str) -> int:
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            hf = json.load(f)
+        dtype = hf.get("torch_dtype") or hf.get("dtype")
+    except (OSError, ValueError):
+        dtype = None
+    return _BYTES.get(str(dtype), 2)
+
+
+def job_spec(cfg: Any, *, name: str, slo: float, params: int | None = None) -> JobSpec:
+    """The spec the coordinator schedules the job by.
+
+    Args:
+        cfg: the veRL config (``DictConfig`` or nested dicts).
+        name: the job's RollMux name.
+        slo: max slowdown vs alone.
+        params: parameter count (default: counted from ``actor_rollout_ref.model.path``).
+    """
+    n_train = int(get(cfg, "trainer.nnodes", 1)) * int(get(cfg, "trainer.n_gpus_per_node", 1))
+    if disaggregated(cfg):
+        n_roll = int(get(cfg, "actor_rollout_ref.rollout.nnodes", 0) or 0) \
+            * int(get(cfg, "actor_rollout_ref.rollout.n_gpus_per_node", 0) or 0) or n_train
+    else:
+        n_roll = n_train  # colocated (hybrid engine): rollout runs on the training GPUs
+    path = str(get(cfg, "actor_rollout_ref.model.path"))
+    count = params if params is not None else param_count(path)
+    multi = bool(get(cfg, "actor_rollout_ref.rollout.multi_turn.enable", False))
+    turns = int(get(cfg, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns", 0) or 0) if multi else 1
+    weight_bytes = count * _hf_dtype_bytes(path)
+    return JobSpec(
+        name=name, n_rollout_gpus=max(1, n_roll), n_train_gpus=max(1, n_train), slo=slo,
+        model_params_b=max(count / 1e9, 1e-6),
+        max_tokens=int(get(cfg, "data.max_prompt_length", 512)) + int(get(cfg, "data.max_response_length", 512)),
+        batch_size=int(get(cfg, "data.train_batch_size", 1)) * int(get(cfg, "actor_rollout_ref.rollout.n", 1)),
+        turns=max(1, turns),
+        rollout_state_bytes=weight_bytes,  # host copy of the rollout weights (warm start)
+        train_state_bytes=count * 16,  # fp32 master weights + Adam moments + gradients
+    )

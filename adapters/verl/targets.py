@@ -1,0 +1,117 @@
+"""What the veRL adapter wraps, and how each call maps to a RollMux phase boundary (veRL 0.9.x).
+
+Both trainers veRL ships funnel rollout sleep / wake and weight sync through
+``CheckpointEngineManager`` (``auto_await`` facades: the inner coroutine is wrapped and the facade
+re-applied, so sync and async callers both keep working):
+
+=============================================  =====================================================
+call                                           boundary
+=============================================  =====================================================
+``PPOTrainer.prepare_step`` (v1),              rollout begins (batch submitted to the agent loop)
+``AgentLoopManager.generate_sequences`` (v0)
+``CheckpointEngineManager.wake_up_replicas``   rollout begins
+``CheckpointEngineManager.sleep_replicas``     rollout ends (replicas release their memory)
+old/ref log-prob, values, reward, critic and   train begins (the trainer object is remembered for
+actor updates (both trainers)                  the offload between phases)
+``CheckpointEngineManager.update_weights``     sync (the whole call); before the first rollout it
+                                               is the initial weight push and opens rollout(0)
+``ReplayBuffer._wait_for_next_poll`` (v1)      rollout progress to ``runtime_hook``
+``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends, the job deregisters
+``constants_ppo.get_ppo_ray_runtime_env``      (driver) registration + runtime environment
+=============================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rollmux.adapters.common import PatchTarget, begins, ends
+from rollmux.adapters.common.phases import around
+from rollmux.adapters.verl import driver, runner
+
+SUPPORTED = ">=0.9,<0.10"
+"""veRL versions this adapter knows (declared once; checked before any patch)."""
+
+CKPT = "verl.checkpoint_engine.base"
+V1 = "verl.trainer.ppo.v1.trainer_base"
+V0 = "verl.trainer.ppo.ray_trainer"
+AGENT = "verl.experimental.agent_loop.agent_loop"
+REPLAY = "verl.trainer.ppo.v1.replay_buffer"
+TRAIN_METHODS = ("_compute_reward_colocate", "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values",
+                 "_update_critic", "_update_actor")
+
+
+def _auto_await(func: Callable[..., Any]) -> Callable[..., Any]:
+    return sys.modules["verl.utils.ray_utils"].auto_await(func)  # loaded: the target module imported it
+
+
+def _train(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    r = runner.runner()
+    if r is not None and not r.finished:
+        r.trainer = instance
+        r.tracker.begin("train")
+    return wrapped(*args, **kwargs)
+
+
+def _weights_before() -> None:
+    t = runner.tracker()
+    if t is not None:
+        t.begin("rollout" if t.upcoming == "rollout" else "sync")
+
+
+def _weights_after() -> None:
+    t = runner.tracker()
+    if t is not None:
+        t.end("sync")  # the initial push stays inside rollout(0)
+
+
+def _progress(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    t = runner.tracker()
+    if t is not None and t.current == "rollout":
+        partition = args[0] if args else kwargs.get("partition_id", "train")
+        done = len(instance.finished_keys[partition])
+        total = done + len(instance.pending_keys[partition]) + len(instance.running_keys[partition])
+        from rollmux.sidecar import shim
+
+        directive = shim.runtime_hook(done, total)
+        if directive is not None:  # consolidating the tail is not supported for veRL yet
+            runner.record("migration_ignored", job=directive.job, keep=list(directive.keep_nodes))
+    return result
+
+
+def _finish(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    r = runner.runner()
+    if r is not None:
+        r.finish()
+    return result
+
+
+def _tracker() -> Any:
+    return runner.tracker()
+
+
+def targets() -> list[PatchTarget]:
+    """Every target, in both trainers."""
+    out = [
+        PatchTarget(module="verl.trainer.constants_ppo", attribute="get_ppo_ray_runtime_env",
+                    wrapper=driver.runtime_env_wrapper),
+        PatchTarget(module=CKPT, attribute="CheckpointEngineManager.update_weights",
+                    wrapper=around(_weights_before, _weights_after), inner=True, redecorate=_auto_await),
+        PatchTarget(module=CKPT, attribute="CheckpointEngineManager.sleep_replicas",
+                    wrapper=ends(_tracker, "rollout"), inner=True, redecorate=_auto_await),
+        PatchTarget(module=CKPT, attribute="CheckpointEngineManager.wake_up_replicas",
+                    wrapper=begins(_tracker, "rollout"), inner=True, redecorate=_auto_await),
+        PatchTarget(module=V1, attribute="PPOTrainer.prepare_step", wrapper=begins(_tracker, "rollout")),
+        PatchTarget(module=V1, attribute="PPOTrainer.fit", wrapper=_finish),
+        PatchTarget(module=V0, attribute="RayPPOTrainer.fit", wrapper=_finish),
+        PatchTarget(module=AGENT, attribute="AgentLoopManager.generate_sequences", wrapper=begins(_tracker, "rollout"),
+                    inner=True, redecorate=_auto_await),
+        PatchTarget(module=REPLAY, attribute="ReplayBuffer._wait_for_next_poll", wrapper=_progress),
+    ]
+    for module, cls in ((V1, "PPOTrainer"), (V0, "RayPPOTrainer")):
+        out += [PatchTarget(module=module, attribute=f"{cls}.{m}", wrapper=_train) for m in TRAIN_METHODS]
+    return out

@@ -1,0 +1,109 @@
+"""Run veRL harness jobs against a real RollMux setup on this machine: redis-server, the coordinator
+(Redis-backed), one sidecar per pool (``rollmux.demo.launch.LocalCluster``). Shared by the tests,
+``benchmarks/verl_cpu.py`` and the veRL demo."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from job import VerlJob
+
+from rollmux.adapters.common import env as adapter_env
+from rollmux.demo.launch import LocalCluster
+from rollmux.sidecar import env
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finished:
+    """One job's outcome."""
+
+    job: VerlJob
+    rc: int
+    wall_s: float
+
+
+SECRET = "harness-bootstrap-secret"
+"""The coordinator's bootstrap secret in the harness scenarios (the sidecars read it from a file)."""
+
+
+def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: float = 600,
+        watch: Callable[[dict[str, subprocess.Popen[bytes]]], None] | None = None) -> dict[str, Finished]:
+    """Start every job at once (each with its opt-in variables, or none) and wait for all; `watch` is
+    called with the running processes about twice a second."""
+    t0 = time.monotonic()
+    procs = {j.name: (j, j.start(opt_in)) for j, opt_in in jobs}
+    out: dict[str, Finished] = {}
+    try:
+        while len(out) < len(procs):
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"jobs still running after {timeout_s:g}s: {sorted(set(procs) - set(out))}")
+            for name, (j, p) in procs.items():
+                if name not in out and p.poll() is not None:
+                    out[name] = Finished(job=j, rc=p.returncode, wall_s=time.monotonic() - t0)
+            if watch is not None:
+                watch({n: p for n, (_, p) in procs.items() if n not in out})
+            time.sleep(0.5)
+    finally:
+        for j, p in procs.values():
+            if p.poll() is None:
+                kill(j, p)
+    return out
+
+
+def kill(job: VerlJob, proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process of the job at once, as a node or pod failure would: its driver's process
+    group and every Ray process it started (found by the job's own RAY_TMPDIR in their environment)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    marker = f"RAY_TMPDIR={job.ray_tmp()}".encode()
+    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    proc.wait()
+
+
+@contextlib.contextmanager
+def rollmux_setup(workdir: Path, *, lease_ttl_s: float = 10.0) -> Iterator[LocalCluster]:
+    """redis-server + Redis-backed coordinator with a bootstrap secret + a rollout-pool and a train-pool
+    sidecar started with ``--secret-file`` (as the Helm chart runs them)."""
+    from redis_proc import RedisProcess
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    redis = RedisProcess(workdir)
+    redis.start()
+    try:
+        with LocalCluster(workdir, lease_ttl_s=lease_ttl_s, redis_url=redis.url, secret=SECRET) as cluster:
+            yield cluster
+    finally:
+        redis.stop()
+
+
+def opt_in(cluster: LocalCluster, name: str, *, slo: float = 3.0) -> dict[str, str]:
+    """The variables a platform sets for an opted-in job on this machine: the node's sidecar socket (and
+    the rollout pool's, both pools being on this host), the job's name and SLO, the phase log. No token:
+    the job registers through the sidecar."""
+    return {env.SIDECAR_SOCKET: cluster.sockets["train"], adapter_env.ROLLOUT_SIDECAR_SOCKET: cluster.sockets["rollout"],
+            env.EVENT_LOG: str(cluster.events), env.JOB: name, adapter_env.SLO: str(slo)}
+
+
+def redis_available() -> bool:
+    return shutil.which("redis-server") is not None or Path("/usr/bin/redis-server").exists()
+
+
+def phases(cluster_events: Path) -> list[dict[str, Any]]:
+    from job import read_jsonl
+
+    return [r for r in read_jsonl(cluster_events) if r.get("owner")]

@@ -1,0 +1,151 @@
+"""Real veRL 0.9.1 GRPO jobs (v1 sync and legacy RayPPOTrainer) multiplexed on the CPU harness against
+a real coordinator (Redis, bootstrap secret) and real sidecars (``--secret-file``), compared with the
+same jobs run alone with the variable unset. The jobs get no token: they register through the node's
+sidecar. A third opted-in job is SIGKILLed while it holds a node. One module-scoped run; every test
+asserts on its logs."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "harness"))
+import scenario  # noqa: E402
+from assets import build  # noqa: E402
+from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
+
+from rollmux.demo.report import order_violations, overlaps, spans  # noqa: E402
+from rollmux.sidecar import env  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+KEYS = ("actor/pg_loss", "critic/score/mean", "training/rollout_probs_diff_max")
+LEASE_TTL_S = 10.0
+VICTIM = "victim"
+
+
+def jobs(root: Path, assets: Path, tag: str) -> tuple[VerlJob, VerlJob]:
+    return (VerlJob(name="v1job", assets=assets, workdir=root / tag / "v1job", steps=2),
+            VerlJob(name="legacyjob", assets=assets, workdir=root / tag / "legacyjob", steps=2, legacy=True))
+
+
+class Watch:
+    """Polls the coordinator while the multiplexed jobs run: who relayed each registration, and the
+    victim's crash (SIGKILL the moment it holds a node, then time until no node holds it)."""
+
+    def __init__(self, cluster: scenario.LocalCluster, victim: VerlJob) -> None:
+        self.cluster, self.victim = cluster, victim
+        self.relayed_by: dict[str, str] = {}
+        self.killed_at: float | None = None
+        self.alive_at_kill: set[str] = set()
+        self.freed_after_s: float | None = None
+
+    def __call__(self, running: dict) -> None:
+        state = self.cluster.client.cluster_state()
+        self.relayed_by.update({j.job: j.relayed_by for j in state.jobs})
+        holders = {n.holder.job for n in state.nodes if n.HasField("holder")}
+        if self.killed_at is None and VICTIM in holders and VICTIM in running:
+            self.alive_at_kill = set(running) - {VICTIM}
+            scenario.kill(self.victim, running[VICTIM])
+            self.killed_at = time.monotonic()
+        elif self.killed_at is not None and self.freed_after_s is None and VICTIM not in holders:
+            self.freed_after_s = time.monotonic() - self.killed_at
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    if not scenario.redis_available():
+        pytest.fail("redis-server is missing: run scripts/setup.sh --dev")
+    root = tmp_path_factory.mktemp("verl")
+    assets = build(root / "assets")
+    solo_jobs = jobs(root, assets, "solo")
+    solo = scenario.run([(j, {env.EVENT_LOG: str(j.workdir / "rollmux-events.jsonl")}) for j in solo_jobs])
+    issued: list[str] = []
+    with pytest.MonkeyPatch.context() as mp, \
+            scenario.rollmux_setup(root / "mux", lease_ttl_s=LEASE_TTL_S) as cluster:
+        from rollmux.coordinator.service import servicer
+
+        real = servicer.new_token
+        mp.setattr(servicer, "new_token", lambda: issued.append(real()) or issued[-1])  # keep the real tokens
+        pair = jobs(root, assets, "mux")
+        victim = VerlJob(name=VICTIM, assets=assets, workdir=root / "mux" / VICTIM, steps=2)
+        watch = Watch(cluster, victim)
+        mux = scenario.run([(j, scenario.opt_in(cluster, j.name)) for j in (*pair, victim)], watch=watch)
+        left = [j.job for j in cluster.client.cluster_state().jobs]
+        events = read_jsonl(cluster.events)
+    yield {"root": root, "solo": solo, "mux": mux, "events": events, "left": left, "watch": watch,
+           "tokens": issued, "jobs": [*solo_jobs, *pair, victim]}
+    for j in (*solo_jobs, *pair, victim):
+        shutil.rmtree(j.ray_tmp(), ignore_errors=True)
+
+
+def test_both_jobs_finish_interleaved_with_mutual_exclusion_and_on_policy_order(runs: dict) -> None:
+    assert {n: f.rc for n, f in runs["mux"].items() if n != VICTIM} == {"v1job": 0, "legacyjob": 0}
+    sp = spans(runs["events"])
+    assert not overlaps(sp), overlaps(sp)
+    assert not order_violations(sp), order_violations(sp)
+    for name in ("v1job", "legacyjob"):
+        owned = [(s.phase, s.iteration) for s in sp if s.job == name]
+        assert owned == [(p, i) for i in range(2) for p in ("rollout", "train", "sync")], owned
+    order = [s.job for s in sp if s.node == "train-0" and s.job != VICTIM]
+    assert order != sorted(order), f"the jobs were not interleaved on train-0: {order}"
+    assert set(runs["left"]) <= {VICTIM}, "finished jobs were not deregistered"
+
+
+def test_multiplexing_changes_timing_only(runs: dict) -> None:
+    for name in ("v1job", "legacyjob"):
+        alone = step_metrics(runs["solo"][name].job.workdir / "job.log")
+        muxed = step_metrics(runs["mux"][name].job.workdir / "job.log")
+        assert sorted(alone) == sorted(muxed) == [1, 2]
+        for step in alone:
+            keys = [k for k in alone[step] if k in KEYS or (k.startswith("actor/") and not k.startswith("actor/perf"))]
+            assert {"critic/score/mean", "training/rollout_probs_diff_max"} <= set(keys), keys
+            for key in keys:
+                assert math.isclose(alone[step][key], muxed[step][key], rel_tol=1e-3, abs_tol=1e-6), \
+                    (name, step, key, alone[step][key], muxed[step][key])
+
+
+def test_patches_land_in_trainer_and_worker_processes_only_when_opted_in(runs: dict) -> None:
+    patched = [r for r in runs["events"] if r.get("event") == "patched"]
+    trainer_pids = {r["pid"] for r in patched if r["module"].startswith("verl.trainer.ppo")}
+    ckpt_pids = {r["pid"] for r in patched if r["module"] == "verl.checkpoint_engine.base"}
+    attached = {r["pid"] for r in runs["events"] if r.get("event") == "attached"}
+    assert attached and attached <= trainer_pids, "the phase tracker ran outside the trainer process"
+    assert len(ckpt_pids - trainer_pids) >= 2, "no worker process applied the patches"
+    for f in runs["solo"].values():  # unset: the adapter would log each patch to this file; none may be there
+        assert f.rc == 0
+        assert not [r for r in read_jsonl(f.job.workdir / "rollmux-events.jsonl") if r.get("kind") == "adapter"]
+
+
+def test_jobs_register_through_the_sidecar_and_the_token_never_reaches_disk(runs: dict) -> None:
+    w = runs["watch"]
+    assert {n: w.relayed_by.get(n) for n in ("v1job", "legacyjob", VICTIM)} == dict.fromkeys(
+        ("v1job", "legacyjob", VICTIM), "train-0")
+    tokens = [t.encode() for t in runs["tokens"]]
+    assert len(tokens) >= 3, "the coordinator issued fewer tokens than there were jobs"
+    leaks = []
+    roots = [runs["root"], *(Path(j.ray_tmp()) for j in runs["jobs"])]  # logs, Ray sessions, cluster files
+    for top in roots:
+        for dirpath, _, files in os.walk(top):
+            for name in files:
+                path = Path(dirpath) / name
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                leaks += [str(path) for t in tokens if t in data]
+    assert not leaks, f"a job token was written to disk: {leaks}"
+
+
+def test_killed_job_frees_its_nodes_within_the_lease_ttl_and_the_others_finish(runs: dict) -> None:
+    w = runs["watch"]
+    assert w.killed_at is not None, "the victim never held a node"
+    assert w.alive_at_kill == {"v1job", "legacyjob"}, "the others had finished before the kill"
+    assert runs["mux"][VICTIM].rc != 0
+    assert w.freed_after_s is not None and w.freed_after_s <= LEASE_TTL_S + 2.0, w.freed_after_s
+    assert {n: runs["mux"][n].rc for n in ("v1job", "legacyjob")} == {"v1job": 0, "legacyjob": 0}
