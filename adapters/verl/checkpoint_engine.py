@@ -87,6 +87,10 @@ class _SyncWorld:
     def __init__(self, world_id: str, store: Any, rank: int, size: int, backend: str, timeout_s: float) -> None:
         self.id, self.rank, self.size, self.backend = world_id, rank, size, backend
         self._pg: Any = None
+        # torch names new groups by a process-wide counter, which differs between an actor and a
+        # rollout process (the job made other groups in each); ranks of one world must agree on
+        # the names, so the world counts its groups from a base derived from its id.
+        self._group_count = (1 + int(uuid.uuid5(uuid.NAMESPACE_OID, world_id).hex[:6], 16)) * 1000
         self._subgroups: list[Any] = []  # groups created inside ``active`` (by create_groups)
         with self.active():
             dist.init_process_group(
@@ -99,12 +103,15 @@ class _SyncWorld:
     def active(self) -> Iterator[None]:
         """Make this world the default process group inside the block."""
         with _SWAP:
-            saved = c10d._world.default_pg
+            saved, saved_count = c10d._world.default_pg, c10d._world.group_count
             before = set(c10d._world.pg_map)
             c10d._update_default_pg(self._pg)
+            c10d._world.group_count = self._group_count
             try:
                 yield
             finally:
+                self._group_count = c10d._world.group_count
+                c10d._world.group_count = saved_count
                 c10d._update_default_pg(saved)
                 self._subgroups += [pg for pg in c10d._world.pg_map if pg not in before and pg is not self._pg]
 
@@ -142,7 +149,7 @@ class RollMuxCheckpointEngine(CheckpointEngine):
     """
 
     def __init__(self, bucket_size: int, is_master: bool = False, *, transport: str = "auto",
-                 sync_bucket_megabytes: int = 64, depth: int = 3, timeout_s: float = 600.0,
+                 sync_bucket_megabytes: float = 64, depth: int = 3, timeout_s: float = 600.0,
                  rebuild_group: bool = False, **unknown: Any) -> None:
         if unknown:
             raise CheckpointEngineConfigError(
@@ -150,10 +157,10 @@ class RollMuxCheckpointEngine(CheckpointEngine):
                 "sync_bucket_megabytes, depth, timeout_s, rebuild_group")
         self.backend = _transport(transport)
         _positive("update_weights_bucket_megabytes (bucket_size)", bucket_size)
-        _positive(f"{OPTION_PREFIX}.sync_bucket_megabytes", sync_bucket_megabytes)
+        _positive(f"{OPTION_PREFIX}.sync_bucket_megabytes", sync_bucket_megabytes, number=True)
         _positive(f"{OPTION_PREFIX}.depth", depth)
         self.bucket_size, self.is_master, self.depth = int(bucket_size), bool(is_master), int(depth)
-        self.sync_bucket_bytes = int(sync_bucket_megabytes) << 20
+        self.sync_bucket_bytes = max(1, int(sync_bucket_megabytes * (1 << 20)))
         self.timeout_s, self.rebuild_group = float(timeout_s), bool(rebuild_group)
         self._store: Any = None
         self._world: _SyncWorld | None = None
@@ -311,15 +318,16 @@ class RollMuxCheckpointEngine(CheckpointEngine):
         """
         rank = dist.get_rank()
         notes: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(notes, (meta, sharding, error) if rank < self.n_trainers else None)
-        failed = [(r, n[2]) for r, n in enumerate(notes) if n is not None and n[2]]
+        mine = (meta, sharding, self.sync_bucket_bytes, error) if rank < self.n_trainers else None
+        dist.all_gather_object(notes, mine)
+        failed = [(r, n[3]) for r, n in enumerate(notes) if n is not None and n[3]]
         if failed:
             raise SyncError(f"trainer rank {failed[0][0]} cannot send its weights: {failed[0][1]}")
-        announced, how, _ = notes[0]
+        announced, how, bucket_bytes, _ = notes[0]  # trainer 0's plan parameters hold for every rank
         exchange_metadata(tuple((announced if rank >= self.n_trainers else meta) or ()), groups.topology)
         if announced is None:
             return None
-        return plan_transfer(groups.topology, announced, self.sync_bucket_bytes, how)
+        return plan_transfer(groups.topology, announced, bucket_bytes, how)
 
     def _local(self, window: list[Any], meta: tuple[ParamMeta, ...],
                sharded: bool) -> tuple[list[torch.Tensor], str | None]:
@@ -374,9 +382,10 @@ def _transport(name: str) -> str:
     return name
 
 
-def _positive(field: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise CheckpointEngineConfigError(f"{field}={value!r} must be a positive integer")
+def _positive(field: str, value: Any, *, number: bool = False) -> None:
+    kinds = (int, float) if number else (int,)
+    if not isinstance(value, kinds) or isinstance(value, bool) or not value > 0:
+        raise CheckpointEngineConfigError(f"{field}={value!r} must be a positive {'number' if number else 'integer'}")
 
 
 def _node_ip() -> str:
