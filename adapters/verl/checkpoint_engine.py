@@ -250,7 +250,7 @@ class RollMuxCheckpointEngine(CheckpointEngine):
 
         Args:
             weights: veRL's ``(name, full tensor)`` generator, or a training engine with
-                ``get_per_tensor_param_shard`` (or its ``(name, local_shard, ShardSpec)`` generator).
+                ``get_per_tensor_param_shard`` (veRL's FSDP2 shard export, sent without gathering).
             global_steps: unused (the rollout side gets it from veRL).
 
         Returns:
