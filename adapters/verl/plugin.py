@@ -54,6 +54,7 @@ def load() -> bool:
     if not opted_in():
         return False
     from rollmux.adapters.common import AdapterError, hooks
+    from rollmux.adapters.verl import sync_backend
 
     try:
         patcher().patch()
@@ -66,6 +67,7 @@ def load() -> bool:
         for name in REFUSE_ON:
             hooks.when_imported(name, refuse)
         raise
+    sync_backend.install()  # the `rollmux` checkpoint-engine backend
     return True
 
 
