@@ -17,6 +17,7 @@ from types import ModuleType
 # demo name -> module; the first one runs when no demo flag is given
 DEMOS: dict[str, str] = {
     "tiny": "rollmux.demo.tiny",
+    "verl": "rollmux.demo.verl_cpu",
 }
 
 HELP = "Run a RollMux demo on this machine (default: three tiny GRPO jobs on two CPU cores, no GPU)."
