@@ -25,6 +25,7 @@ extras="torch,plots"
 (( dev )) && extras="torch,plots,nvml,dev"
 echo "[setup] installing rollmux[$extras] (editable)"
 "${pip[@]}" -e ".[$extras]"
+(( dev )) && bash scripts/setup_verl.sh  # veRL 0.9.1 for the veRL adapter tests (torch kept)
 if (( dev )) && ! command -v redis-server >/dev/null 2>&1; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing redis-server (apt)"

@@ -440,3 +440,57 @@ def shutdown(*, job_done: bool = False) -> None:
             rt.cache.release()
         rt.channel.close()
         _runtime = None
+
+
+# ----------------------------------------------------------------------------- extra rank handles
+
+
+class RankHandle:
+    """A rank of the job attached to a sidecar other than this process's own (see :func:`attach_rank`).
+
+    An adapter whose trainer loop runs in one process but gates phases on two pools (a disaggregated
+    job's rollout permit is held on a rollout node) takes the rollout pool's permit through one.
+    """
+
+    def __init__(self, rt: _Runtime) -> None:
+        self._rt = rt
+
+    @property
+    def pool(self) -> str:
+        """The pool of the sidecar's node."""
+        return self._rt.pool
+
+    def enter(self, name: str, iteration: int) -> PhaseContext:
+        """Block until this rank's permit for `name` of `iteration` is granted (or follow it)."""
+        return _enter(self._rt, name, iteration)
+
+    def exit(self, ctx: PhaseContext) -> None:
+        """End the phase: release the permit with its measured duration."""
+        _exit(self._rt, ctx)
+
+    def close(self, *, job_done: bool = False) -> None:
+        """Detach this rank (ends its lease cleanly). Idempotent."""
+        from rollmux.proto import sidecar_v1_pb2 as spb
+
+        rt = self._rt
+        if rt.closing:
+            return
+        rt.closing = True
+        try:
+            _rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
+        except SidecarError:
+            pass  # the sidecar is gone: the lease ended with it
+        finally:
+            rt.channel.close()
+
+
+def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_timeout_s: float | None = None,
+                event_log: str | None = None, connect_timeout_s: float = 15.0) -> RankHandle:
+    """Attach one more rank of the job, from this process, to the sidecar at `socket`.
+
+    Raises:
+        SidecarUnreachableError: nothing answers on `socket`.
+        ShimConfigError: the sidecar refused the job or rank.
+    """
+    timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
+    return RankHandle(_attach(socket, job, job_token, rank, timeout, event_log, connect_timeout_s))

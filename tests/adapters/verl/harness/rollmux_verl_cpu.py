@@ -1,0 +1,238 @@
+"""CPU stand-ins that let the real veRL 0.9.1 trainer run on a machine without a GPU (test harness).
+
+Loaded in every veRL process through ``VERL_USE_EXTERNAL_MODULES=rollmux_verl_cpu`` (this folder on
+``PYTHONPATH``), selected with ``VERL_PLATFORM=cpu`` and ``actor_rollout_ref.rollout.name=hf_cpu``.
+What stands in for a GPU, and nothing more:
+
+* a CPU platform (device "cpu", gloo), registered in veRL's ``PlatformRegistry``;
+* veRL's own FSDP2 engines registered for device "cpu" (veRL registers them for cuda/npu only);
+* ``hf_cpu``: a small rollout replica whose server actor generates with HF ``generate`` and returns
+  per-token log-probs (stands in for vLLM / SGLang); greedy when ``top_k == 1``;
+* three CUDA-isms worked around: the duplicated "cpu:gloo" process-group backend, the forced
+  ``pin_memory`` of FSDP2's CPU offload policy, and flash-attention in the value-head loader.
+
+The events this module sees (server sleep / wake / load_weights, with pid) go to the JSON-lines file
+named by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import types
+from typing import Any
+
+import torch
+
+EVENTS = "RMX_HARNESS_EVENTS"
+
+
+def event(kind: str, **fields: Any) -> None:
+    path = os.environ.get(EVENTS)
+    if not path:
+        return
+    rec = {"kind": kind, "pid": os.getpid(), "t": time.time(), **fields}
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ platform
+class _CpuDeviceModule(types.SimpleNamespace):
+    """What veRL calls on ``torch.cuda`` (via ``get_torch_device()``), answered for the CPU."""
+
+    Stream = torch.cpu.Stream
+    Event = torch.cpu.Event
+    stream = staticmethod(torch.cpu.stream)
+    current_stream = staticmethod(torch.cpu.current_stream)
+    synchronize = staticmethod(torch.cpu.synchronize)
+    get_rng_state = staticmethod(torch.get_rng_state)
+    set_rng_state = staticmethod(torch.set_rng_state)
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def set_device(_device: Any) -> None:
+        return None
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def ipc_collect() -> None:
+        return None
+
+    @staticmethod
+    def set_per_process_memory_fraction(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    @staticmethod
+    def mem_get_info(*_args: Any) -> tuple[int, int]:
+        return (16 << 30, 16 << 30)
+
+    @staticmethod
+    def memory_allocated(*_args: Any) -> int:
+        return 0
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    @staticmethod
+    def get_device_name(*_args: Any) -> str:
+        return "CPU"  # utils/flops_counter.py tests `"H100" in name`
+
+
+def _register_platform() -> None:
+    from verl.plugin.platform.platform_base import PlatformBase
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    @PlatformRegistry.register(platform="cpu")
+    class PlatformCPU(PlatformBase):
+        device_name = "cpu"
+        vendor_name = "cpu"
+        device_module = _CpuDeviceModule()
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> Any:
+            return "cpu"  # so `.to(get_device_id())` moves to the CPU
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return None
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            return None
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return None
+
+        def empty_cache(self) -> None:
+            return None
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+            return (None, None)
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str):  # type: ignore[no-untyped-def]
+            yield
+
+        def profiler_start(self) -> None:
+            return None
+
+        def profiler_stop(self) -> None:
+            return None
+
+        def ray_resource_name(self) -> str:
+            return "GPU"  # one logical Ray GPU per node (+ray_kwargs.ray_init.num_gpus=1)
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self) -> Any:
+            return None
+
+
+# ------------------------------------------------------------------------------------------- engine
+def _register_engines() -> None:
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl as ti
+
+    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
+        ti.FSDPEngineWithLMHead)
+    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(
+        ti.FSDPEngineWithValueHead)
+
+    class _UnpinnedOffload(ti.CPUOffloadPolicy):  # FSDP2 pins host memory, which needs an accelerator
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["pin_memory"] = False
+            super().__init__(*args, **kwargs)
+
+    ti.CPUOffloadPolicy = _UnpinnedOffload
+
+
+def _gloo_process_group() -> None:
+    from verl.utils import distributed
+
+    original = distributed.initialize_global_process_group_ray
+
+    def init_gloo(timeout_second: Any = None, backend: Any = None) -> Any:
+        return original(timeout_second=timeout_second, backend="gloo")
+
+    import verl.checkpoint_engine.base as ceb
+    import verl.workers.engine_workers as ew
+
+    for mod in (distributed, ew, ceb):
+        mod.initialize_global_process_group_ray = init_gloo
+
+
+def _eager_valuehead() -> None:
+    from verl.utils import model as vmodel
+
+    def load_valuehead_model(local_path: str, torch_dtype: Any, model_config: Any, trust_remote_code: bool) -> Any:
+        from transformers import AutoModelForTokenClassification
+
+        return AutoModelForTokenClassification.from_pretrained(local_path, torch_dtype=torch_dtype, config=model_config,
+                                                               attn_implementation="eager",
+                                                               trust_remote_code=trust_remote_code)
+
+    vmodel.load_valuehead_model = load_valuehead_model
+
+
+# ------------------------------------------------------------------------------------------ rollout
+def _register_rollout() -> None:
+    from verl.workers.rollout import base as rbase
+    from verl.workers.rollout import replica as rrep
+
+    rbase._ROLLOUT_REGISTRY[("hf_cpu", "async")] = "rollmux_verl_cpu_rollout.HFCPUServerAdapter"
+    rrep.RolloutReplicaRegistry.register("hf_cpu", _replica_class)
+
+
+def _replica_class() -> type:
+    from rollmux_verl_cpu_rollout import HFCPUReplica
+
+    return HFCPUReplica
+
+
+_done = False
+
+
+def install() -> None:
+    """Register everything once per process (veRL imports this module from ``verl/__init__``)."""
+    global _done
+    if _done:
+        return
+    _done = True
+    _register_platform()
+    _register_engines()
+    _gloo_process_group()
+    _eager_valuehead()
+    _register_rollout()
+
+
+install()

@@ -1,0 +1,149 @@
+"""``hf_cpu``: a rollout replica for veRL on CPU (test harness; stands in for vLLM / SGLang).
+
+* :class:`HFCPUServer`, one Ray actor per replica, holds an HF copy of the model and implements
+  the token-in/token-out ``generate`` veRL's ``LLMServerClient`` calls, with per-token log-probs;
+  greedy when ``top_k == 1`` (log-probs still at temperature 1, as the trainer computes them).
+* :class:`HFCPUServerAdapter`, the trainer-side ``BaseRollout``: ``update_weights`` loads the
+  trainer's full tensors into the server (on the replica's first rank).
+* :class:`HFCPUReplica`: starts the server and exposes it to veRL's router and load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import ray
+import torch
+from rollmux_verl_cpu import event
+
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+
+def _server_name(replica_rank: int) -> str:
+    return f"hf_cpu_server_{replica_rank}"
+
+
+class HFCPUServer:
+    """The replica's generation server (a Ray actor; generates one request at a time)."""
+
+    def __init__(self, model_path: str, seed: int = 0) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(1)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+        self.eos = self.model.generation_config.eos_token_id or self.model.config.eos_token_id
+        self.seed, self.calls = seed, 0
+        self.global_steps: int | None = None
+        self.lock = asyncio.Lock()
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       **_: Any) -> TokenOutput:
+        async with self.lock:
+            return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+        max_new = int(params.get("max_tokens") or params.get("max_new_tokens") or 8)
+        temperature = float(params.get("temperature", 1.0))
+        greedy = temperature == 0 or int(params.get("top_k", -1)) == 1
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
+        self.calls += 1
+        ids = torch.tensor([prompt_ids])
+        out_ids: list[int] = []
+        logps: list[float] = []
+        past = None
+        with torch.no_grad():
+            for _ in range(max_new):
+                res = self.model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                logits = res.logits[0, -1].float()
+                scaled = logits / (temperature if temperature > 0 else 1.0)
+                logprobs = torch.log_softmax(scaled, dim=-1)
+                tok = int(torch.argmax(logits)) if greedy else int(torch.multinomial(logprobs.exp(), 1, generator=gen))
+                out_ids.append(tok)
+                logps.append(float(logprobs[tok]))
+                ids = torch.cat([ids, torch.tensor([[tok]])], dim=1)
+                if tok == self.eos:
+                    break
+        return TokenOutput(token_ids=out_ids, log_probs=logps, stop_reason="completed",
+                           extra_fields={"global_steps": self.global_steps})
+
+    def load_weights(self, state: dict[str, torch.Tensor], global_steps: int | None) -> None:
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise RuntimeError(f"hf_cpu server: unexpected weights {unexpected[:3]}")
+        self.global_steps = global_steps
+        event("server.load_weights", global_steps=global_steps, tensors=len(state))
+
+    def wake_up(self) -> None:
+        event("server.wake_up")
+
+    def sleep(self) -> None:
+        event("server.sleep")
+
+    def abort_all_requests(self, reject_request: bool = False) -> None:
+        return None
+
+    def resume_generation(self) -> None:
+        return None
+
+    def clear_kv_cache(self) -> None:
+        return None
+
+    def release_kv_cache(self) -> None:
+        return None
+
+    def resume_kv_cache(self) -> None:
+        return None
+
+    def start_profile(self, **_: Any) -> None:
+        return None
+
+    def stop_profile(self) -> None:
+        return None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class HFCPUServerAdapter(BaseRollout):
+    """The trainer worker's handle on its replica's server."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.leader = rank % world == 0
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        state = {name: t.detach().to("cpu", copy=True) for name, t in weights}
+        if self.leader:
+            server = ray.get_actor(_server_name(self.replica_rank))
+            await server.load_weights.remote(state, kwargs.get("global_steps"))
+
+
+class HFCPUReplica(RolloutReplica):
+    """One ``hf_cpu`` server per replica, started beside the trainer workers."""
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+    async def launch_servers(self) -> None:
+        path = getattr(self.model_config, "local_path", None) or self.model_config.path
+        server = ray.remote(HFCPUServer).options(name=_server_name(self.replica_rank), num_cpus=0,
+                                                 max_concurrency=self.max_concurrency).remote(
+            path, int(getattr(self.config, "seed", 0) or 0))
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"hf-cpu-{self.replica_rank}"
+        await server.pid.remote()
