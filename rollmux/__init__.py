@@ -1,6 +1,6 @@
 """RollMux: phase-level multiplexing of synchronous RL post-training jobs.
 
-The in-process API (`rollmux.init`, `rollmux.phase`, `rollmux.runtime_hook`,
+The in-process API (`rollmux.register`, `rollmux.init`, `rollmux.phase`, `rollmux.runtime_hook`,
 `rollmux.register_state`) lives in `rollmux.sidecar.shim` and is imported on first use, so
 `import rollmux` stays cheap and never imports torch.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SHIM_API = ("init", "phase", "runtime_hook", "register_state", "shutdown")
+_SHIM_API = ("init", "phase", "runtime_hook", "register_state", "shutdown", "register", "Registration")
 
 
 def __getattr__(name: str) -> Any:

@@ -36,6 +36,26 @@ class Phase(str, Enum):
     SYNC = "sync"
 
 
+# Sane ranges for every number of a job spec: wider than any real job, narrow enough that the
+# profiler and the policy never see an overflow or a value that poisons placement.
+MAX_JOB_GPUS = 1 << 16
+"""Most GPUs one job may ask for in one pool."""
+MAX_SLO = 10.0
+"""Largest SLO factor (a job may run at most 10x slower than alone)."""
+MAX_PARAMS_B = 10_000.0
+"""Largest model, billions of parameters."""
+MAX_TOKENS = 1 << 21
+"""Longest response, tokens per turn."""
+MAX_BATCH = 1 << 20
+"""Largest batch, prompts x samples per iteration."""
+MAX_TURNS = 1024
+"""Most turns per rollout."""
+MAX_PHASE_S = 86_400.0
+"""Longest phase time, seconds (a day)."""
+MAX_STATE_BYTES = 1 << 50
+"""Largest resident state per node, bytes (1 PiB)."""
+
+
 def _require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
     """Raise a SpecError naming the field, the bad value and the allowed range."""
     if not cond:
@@ -46,12 +66,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _positive(value: Any, name: str, *, integer: bool = False) -> None:
+def _positive(value: Any, name: str, *, integer: bool = False, high: float | None = None) -> None:
+    at_most = "" if high is None else f" <= {high:g}"
     if integer:
-        _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                 name, value, "a positive integer")
+        _require(isinstance(value, int) and not isinstance(value, bool) and value > 0
+                 and (high is None or value <= high), name, value, f"a positive integer{at_most}")
     else:
-        _require(_is_number(value) and value > 0, name, value, "a positive finite number")
+        _require(_is_number(value) and value > 0 and (high is None or value <= high), name, value,
+                 f"a positive finite number{at_most}")
 
 
 def _non_negative(value: Any, name: str) -> None:
@@ -223,22 +245,23 @@ class JobSpec:
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(self.name), "job.name", self.name, "a non-empty string")
         p = f"job[{self.name}]"
-        _positive(self.n_rollout_gpus, f"{p}.n_rollout_gpus", integer=True)
-        _positive(self.n_train_gpus, f"{p}.n_train_gpus", integer=True)
-        _require(_is_number(self.slo) and self.slo >= 1.0, f"{p}.slo", self.slo, "a number >= 1.0")
-        _positive(self.model_params_b, f"{p}.model_params_b")
-        _positive(self.max_tokens, f"{p}.max_tokens", integer=True)
-        _positive(self.batch_size, f"{p}.batch_size", integer=True)
-        _positive(self.turns, f"{p}.turns", integer=True)
+        _positive(self.n_rollout_gpus, f"{p}.n_rollout_gpus", integer=True, high=MAX_JOB_GPUS)
+        _positive(self.n_train_gpus, f"{p}.n_train_gpus", integer=True, high=MAX_JOB_GPUS)
+        _require(_is_number(self.slo) and 1.0 <= self.slo <= MAX_SLO, f"{p}.slo", self.slo,
+                 f"a number >= 1.0 and <= {MAX_SLO:g}")
+        _positive(self.model_params_b, f"{p}.model_params_b", high=MAX_PARAMS_B)
+        _positive(self.max_tokens, f"{p}.max_tokens", integer=True, high=MAX_TOKENS)
+        _positive(self.batch_size, f"{p}.batch_size", integer=True, high=MAX_BATCH)
+        _positive(self.turns, f"{p}.turns", integer=True, high=MAX_TURNS)
         for attr in ("rollout_state_bytes", "train_state_bytes"):
             v = getattr(self, attr)
             if v is not None:
-                _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{p}.{attr}", v,
-                         "an integer >= 0 (bytes)")
+                _require(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STATE_BYTES,
+                         f"{p}.{attr}", v, f"an integer >= 0 and <= {MAX_STATE_BYTES} (bytes)")
         for attr in ("t_roll_s", "t_train_s"):
             v = getattr(self, attr)
             if v is not None:
-                _positive(v, f"{p}.{attr}")
+                _positive(v, f"{p}.{attr}", high=MAX_PHASE_S)
 
     @property
     def has_times(self) -> bool:

@@ -19,16 +19,24 @@ is aborted on this node and deregistered at the coordinator, which frees the nod
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmux.coordinator.service.api import FailedPreconditionError, NotFoundError, ServiceError
+from rollmux.coordinator.service.api import (
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceError,
+    UnauthenticatedError,
+)
 from rollmux.coordinator.service.client import (
     CoordinatorClient,
     JobClient,
@@ -138,6 +146,10 @@ class NodeAgent:
         assert self._session is not None, "start() first"
         return self._session.connected.wait(timeout_s)
 
+    def connect_error(self) -> ServiceError | None:
+        """Why the coordinator stream is not up, as the coordinator (or the transport) answered."""
+        return self._session.last_error if self._session is not None else None
+
     def stop(self) -> None:
         """Close the coordinator stream; rank leases end with the process."""
         self._stop.set()
@@ -206,8 +218,24 @@ class NodeAgent:
             q.put(event)
 
     # ------------------------------------------------------------------------------ rank leases
-    def attach(self, job_name: str, job_token: str, rank: int, pid: int) -> tuple[RankLease, queue.Queue[Any]]:
-        """Open a rank's lease. Checks the job token against the coordinator on the job's first rank.
+    def note(self, event: str, **fields: Any) -> None:
+        """Record a node event (NodeStatus, the event log), e.g. a refused local connection."""
+        self._record(event, **fields)
+
+    def register_job(self, spec: pb.JobSpec, nonce: str | None) -> JobClient:
+        """Relay a local job's registration to the coordinator with this node's credential.
+
+        Raises:
+            ServiceError: the coordinator refused it (bad spec, name taken, relaying disabled, ...).
+        """
+        job = self.coordinator.register_job(spec, nonce=nonce, relay_node=self.config.node_id, token=self.node_token)
+        self._record("job_registered", job=job.name, relayed=True)  # never the token
+        return job
+
+    def attach(self, job_name: str, job_token: str, rank: int, pid: int, *,
+               conn: str = "") -> tuple[RankLease, queue.Queue[Any]]:
+        """Open a rank's lease on connection `conn`; checks the job token against the coordinator
+        on the job's first rank (or when the token differs from the one already checked).
 
         Raises:
             SidecarUnreachableError: the coordinator cannot be reached.
@@ -215,14 +243,16 @@ class NodeAgent:
         """
         with self._cv:
             job = self._jobs.get(job_name)
-            fresh = job is None or job.aborted is not None or job.client.token != job_token
+            fresh = (job is None or job.aborted is not None
+                     or not hmac.compare_digest(job.client.token.encode(), job_token.encode()))
         if fresh:
             client = self.coordinator.job(job_name, job_token)
             try:
                 client.status()
-            except NotFoundError as exc:
-                raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator: register it "
-                                     f"first (RegisterJob) and pass its token ({exc})") from None
+            except (NotFoundError, PermissionDeniedError, UnauthenticatedError) as exc:
+                raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator, or the token is "
+                                     f"not its token: register it first (rollmux.register) and pass the token "
+                                     f"it returned ({exc})") from None
             except ServiceError as exc:
                 if "UNAVAILABLE" in str(exc):
                     raise SidecarUnreachableError(
@@ -232,24 +262,30 @@ class NodeAgent:
         with self._cv:
             if fresh:
                 self._jobs[job_name] = LocalJob(name=job_name, client=client)
-            self._seq += 1
-            lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}", job=job_name, rank=rank, pid=pid)
+            self._seq += 1  # the random part makes ids unguessable; they are honoured only on `conn` anyway
+            lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}.{secrets.token_urlsafe(12)}", job=job_name,
+                              rank=rank, pid=pid, conn=conn)
             self._jobs[job_name].ranks[lease.rank_id] = lease
             self._ranks[lease.rank_id] = lease
             inbox: queue.Queue[Any] = queue.Queue()
             self._inbox[lease.rank_id] = inbox
-        self._record("rank_attached", job=job_name, rank=rank, pid=pid, rank_id=lease.rank_id)
+        self._record("rank_attached", job=job_name, rank=rank, pid=pid)
         return lease, inbox
 
-    def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False) -> None:
+    def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False, conn: str = "") -> None:
         """End a rank's lease: a clean ``Detach`` or a dropped stream (the rank died). Idempotent.
 
         A dead rank aborts its job here and deregisters it, so the coordinator frees the node now
         (not after the lease TTL). A clean detach with `job_done` deregisters the finished job.
+
+        Raises:
+            RankLeaseError: a ``Detach`` for a rank id that is not live on connection `conn`.
         """
         with self._cv:
             lease = self._ranks.get(rank_id)
-            if lease is None or not lease.live:
+            if lease is None or not lease.live or lease.conn != conn:
+                if clean and (lease is None or lease.conn != conn):
+                    raise self._no_lease(rank_id)
                 return
             job = self._jobs[lease.job]
             lease.move(RankState.DETACHED if clean else RankState.DEAD,
@@ -273,20 +309,25 @@ class NodeAgent:
                 released = job.client.deregister()
                 self._record("job_deregistered", job=job.name, released=released,
                              reason="finished" if clean else "rank died")
-            except NotFoundError:
+            except (NotFoundError, PermissionDeniedError):
                 pass  # another node's sidecar deregistered it first
             except ServiceError as exc:
                 log.warning("could not deregister job %s: %s", job.name, exc)
 
-    def _rank(self, rank_id: str) -> tuple[RankLease, LocalJob]:
+    def _no_lease(self, rank_id: str) -> RankLeaseError:
+        return RankLeaseError(f"rank id {rank_id[:80]!r} holds no live lease on this connection to node "
+                              f"{self.config.node_id}: attach again (rollmux.init)")
+
+    def _rank(self, rank_id: str, conn: str) -> tuple[RankLease, LocalJob]:
+        """The live lease `rank_id` names, if it was attached on connection `conn` (one answer for
+        unknown ids and ids of other connections: no oracle for guessing)."""
         lease = self._ranks.get(rank_id)
-        if lease is None or not lease.live:
-            raise RankLeaseError(f"rank id {rank_id!r} holds no live lease on node {self.config.node_id}: "
-                                 "attach again (rollmux.init)")
+        if lease is None or not lease.live or lease.conn != conn:
+            raise self._no_lease(rank_id)
         return lease, self._jobs[lease.job]
 
     # ------------------------------------------------------------------------------------ permits
-    def acquire(self, rank_id: str, phase: str, iteration: int, timeout_s: float) -> Lease:
+    def acquire(self, rank_id: str, phase: str, iteration: int, timeout_s: float, *, conn: str = "") -> Lease:
         """Block until the job's permit for (`phase`, `iteration`) holds this node; fan it out.
 
         Raises:
@@ -296,7 +337,7 @@ class NodeAgent:
         """
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            lease, job = self._rank(rank_id)
+            lease, job = self._rank(rank_id, conn)
             lease.move(RankState.WAITING, f"Acquire {phase}({iteration})")
         try:
             return self._acquire(lease, job, phase, iteration, deadline)
@@ -363,7 +404,8 @@ class NodeAgent:
                 raise SidecarUnreachableError(f"coordinator {','.join(self.coordinator.targets)} failed the "
                                               f"permit call for job {job.name!r}: {exc}") from None
 
-    def release(self, rank_id: str, epoch: int, duration_s: float, state_host_bytes: int) -> tuple[bool, str, int]:
+    def release(self, rank_id: str, epoch: int, duration_s: float, state_host_bytes: int, *,
+                conn: str = "") -> tuple[bool, str, int]:
         """Release this rank's part of a phase; returns once the node went back to the coordinator.
 
         The last local rank to release checks the job's GPU memory (NVML), then releases the permit
@@ -374,7 +416,7 @@ class NodeAgent:
             JobAbortedError: the job lost a rank meanwhile.
         """
         with self._cv:
-            lease, job = self._rank(rank_id)
+            lease, job = self._rank(rank_id, conn)
             lease.host_bytes = max(0, state_host_bytes)
             if job.permit is None or job.permit.epoch != epoch:
                 if epoch and epoch <= job.last_released_epoch:  # retried, or revoked meanwhile
@@ -428,10 +470,10 @@ class NodeAgent:
                 return
             time.sleep(0.05)
 
-    def progress(self, rank_id: str, epoch: int, finished: int, total: int) -> Migration | None:
+    def progress(self, rank_id: str, epoch: int, finished: int, total: int, *, conn: str = "") -> Migration | None:
         """Forward rollout progress; returns the coordinator's migration directive, if any."""
         with self._cv:
-            _, job = self._rank(rank_id)
+            _, job = self._rank(rank_id, conn)
             permit = job.permit
         if permit is None or permit.epoch != epoch:
             return None

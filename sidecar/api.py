@@ -165,10 +165,11 @@ RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
 class RankLease:
     """A live rank attached to this node (mutable runtime record, changed only through :meth:`move`)."""
 
-    rank_id: str  # sidecar-assigned id, "<job>/<rank>#<n>"
+    rank_id: str  # sidecar-assigned id, "<job>/<rank>#<n>.<random>" (unguessable)
     job: str  # the job's name
     rank: int  # the rank's number inside its job
-    pid: int  # host process id (NVML per-process memory)
+    pid: int  # host process id (NVML per-process memory; the kernel's SO_PEERCRED pid where visible)
+    conn: str = ""  # the socket connection that attached it: calls naming this rank must come on it
     state: RankState = RankState.IDLE
     history: list[tuple[str, str, float, str]] = field(default_factory=list)  # (from, to, wall s, event)
     host_bytes: int = 0  # host DRAM its state cache holds, as last reported

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import socket as _socket
 import sys
 import tempfile
 import threading
+import time
+from typing import Any
 
 HELP = "Run a node's sidecar: register the node, hold its coordinator stream, serve local ranks on a socket."
 
@@ -41,6 +42,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-log", default=None, help="append node events as JSON lines to this file")
     parser.add_argument("--ready-file", default=None,
                         help="write the socket path here once connected to the coordinator and serving")
+    parser.add_argument("--secret-file", default=None,
+                        help=f"file holding the coordinator's bootstrap secret; the node token is derived from it "
+                             f"(default ${coord_env.SECRET_FILE} names the file, else ${coord_env.BOOTSTRAP_SECRET} "
+                             "holds the secret; unset: the coordinator has no secret)")
+    parser.add_argument("--allow-uid", type=int, action="append", default=[],
+                        help="also serve local processes of this user id (repeatable; the sidecar's own uid is "
+                             "always allowed; checked with SO_PEERCRED on every connection)")
+    parser.add_argument("--allow-group", action="append", default=[],
+                        help="also serve local processes in this group, name or gid (repeatable)")
+    parser.add_argument("--connect-wait-s", type=float, default=30.0,
+                        help="after this long without a coordinator stream, say so (and keep retrying)")
     parser.add_argument("--log-level", default="warning")
 
 
@@ -66,16 +78,25 @@ def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from rollmux.coordinator.service import auth
+    from rollmux.coordinator.service.auth import read_secret
     from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.model import ClusterSpec, Pool
-    from rollmux.sidecar import env
     from rollmux.sidecar.agent import AgentConfig, NodeAgent
     from rollmux.sidecar.gpu import detect
+    from rollmux.sidecar.peercred import PeerPolicy, resolve_group
     from rollmux.sidecar.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.coordinator:
         print("rollmux sidecar: give --coordinator HOST:PORT (or set ROLLMUX_COORDINATOR)", file=sys.stderr)
+        return 2
+    try:
+        secret = read_secret(args.secret_file)
+        policy = PeerPolicy(uids=frozenset(args.allow_uid),
+                            gids=frozenset(resolve_group(g) for g in args.allow_group))
+    except ValueError as exc:
+        print(f"rollmux sidecar: {exc}", file=sys.stderr)
         return 2
     path = args.socket
     if path is None:
@@ -93,17 +114,54 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(node_id=args.node_id, pool=pool, gpu_mem_limit_bytes=args.gpu_mem_limit_mib << 20,
                          memory_wait_s=args.memory_wait_s, heartbeat_s=args.heartbeat_s, event_log=args.event_log)
     client = CoordinatorClient([t.strip() for t in args.coordinator.split(",") if t.strip()], retry_s=10.0)
-    agent = NodeAgent(config, client, gpu).start()
-    server = serve(agent, path)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    if not agent.wait_connected(30.0):
-        print(f"rollmux sidecar: node {args.node_id} cannot reach the coordinator at {args.coordinator} yet; still "
-              "retrying (check the address and that `rollmux coordinator` runs)", file=sys.stderr)
-    while not done.is_set() and not agent.wait_connected(0.5):
-        pass
-    if args.ready_file and not done.is_set():
+    node_token = auth.node_token(secret, args.node_id) if secret else None
+    agent = NodeAgent(config, client, gpu, node_token=node_token).start()
+    server = serve(agent, path, policy=policy)
+    try:
+        code = _wait_connected(agent, args, done)
+        if code is not None:
+            return code
+        _announce(args, path, gpu)
+        done.wait()
+    finally:
+        server.stop(grace=1.0)
+        agent.stop()
+    return 0
+
+
+def _wait_connected(agent: Any, args: argparse.Namespace, done: threading.Event) -> int | None:
+    """Wait for the coordinator stream, interruptible by SIGTERM; None once connected, else an exit code.
+
+    A refusal of the node's credential is final (exit 3, naming the coordinator's answer); anything
+    else is retried, and reported with the last error once `--connect-wait-s` has passed.
+    """
+    from rollmux.coordinator.service.api import PermissionDeniedError, UnauthenticatedError
+
+    warn_at = time.monotonic() + args.connect_wait_s
+    while not done.is_set():
+        if agent.wait_connected(0.2):
+            return None
+        err = agent.connect_error()
+        if isinstance(err, (PermissionDeniedError, UnauthenticatedError)):
+            print(f"rollmux sidecar: the coordinator at {args.coordinator} refused node {args.node_id}: {err}. "
+                  "Give the sidecar the coordinator's bootstrap secret (--secret-file, or the variables named in "
+                  "--help)", file=sys.stderr, flush=True)
+            return 3
+        if time.monotonic() >= warn_at:
+            warn_at = float("inf")
+            print(f"rollmux sidecar: node {args.node_id} cannot reach the coordinator at {args.coordinator} yet "
+                  f"({err or 'no answer'}); still retrying (check the address and that `rollmux coordinator` "
+                  "runs)", file=sys.stderr, flush=True)
+    return 0
+
+
+def _announce(args: argparse.Namespace, path: str, gpu: Any) -> None:
+    from rollmux.sidecar import env
+
+    if args.ready_file:
         tmp = args.ready_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(path)
@@ -111,9 +169,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"rollmux sidecar: node {args.node_id} ({args.pool}, {gpu.facts().gpu_type} x{gpu.facts().gpu_count}, "
           f"nvml={'yes' if gpu.available else 'no'}) serving ranks on {path}; ranks opt in with "
           f"{env.SIDECAR_SOCKET}={path}", file=sys.stderr, flush=True)
-    done.wait()
-    server.stop(grace=1.0)
-    agent.stop()
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    return 0

@@ -11,10 +11,13 @@ SIDECAR_SOCKET = "ROLLMUX_SIDECAR_SOCKET"
 (e.g. ``/run/rollmux/sidecar.sock``). Unset: RollMux is off and the shim does nothing."""
 
 JOB = "ROLLMUX_JOB"
-"""Name of the job this process belongs to, as registered with the coordinator."""
+"""Optional. Name of the job this process belongs to, as registered with the coordinator (default: the
+job this process registered with ``rollmux.register``)."""
 
 JOB_TOKEN = "ROLLMUX_JOB_TOKEN"
-"""The job token the coordinator returned at registration (authenticates the job's permit calls)."""
+"""Optional. The job token the coordinator returned at registration (authenticates the job's permit
+calls); a driver that registered through the sidecar (``rollmux.register``) needs none and hands the
+token to its workers' environment. Never log it or write it to disk."""
 
 RANK = "ROLLMUX_RANK"
 """This process's rank inside its job (for logs; defaults to ``RANK`` or 0)."""

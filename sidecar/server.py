@@ -1,22 +1,30 @@
 """The sidecar's gRPC service (``rollmux.sidecar.v1.Sidecar``) on a Unix-domain socket.
 
-Each handler converts the request, calls one :class:`~rollmux.sidecar.agent.NodeAgent` method and
-maps our errors to gRPC statuses whose details say what to do. ``Attach`` is a server stream that
-stays open for the rank's life; its termination callback is how the sidecar learns a rank died.
+Each handler finds the connection the call came on (:mod:`rollmux.sidecar.peercred`: the peer
+passed the ``SO_PEERCRED`` check), validates the request, calls one
+:class:`~rollmux.sidecar.agent.NodeAgent` method and maps our errors to gRPC statuses whose details
+say what to do. A rank id is honoured only on the connection that attached it. ``Attach`` is a
+server stream that stays open for the rank's life; its termination callback is how the sidecar
+learns a rank died. An unexpected exception is logged with a request id and answered INTERNAL.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import queue
+import secrets
+import shutil
 import time
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
 import grpc
 
-from rollmux.coordinator.service.api import ServiceError
+from rollmux.coordinator.service.api import NotReadyError, ServiceError
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
@@ -30,8 +38,19 @@ from rollmux.sidecar.api import (
     SidecarError,
     SidecarUnreachableError,
 )
+from rollmux.sidecar.peercred import Peer, PeerPolicy, SocketFront, private_socket_dir
 
 log = logging.getLogger("rollmux.sidecar")
+
+MAX_NAME_LEN = 128
+"""Longest job name a rank may send (the coordinator's limit)."""
+MAX_TIMEOUT_S = 86_400.0
+"""Longest permit wait one Acquire may ask for; the call's own deadline bounds it further."""
+MAX_DURATION_S = 86_400.0
+"""Longest phase duration a rank may report (a day)."""
+MAX_HOST_BYTES = 1 << 50
+"""Most host DRAM a rank may report its state cache holds (1 PiB)."""
+MAX_NONCE_LEN = 256
 
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (PermitWaitTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -39,16 +58,70 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (SidecarUnreachableError, grpc.StatusCode.UNAVAILABLE),
     (RankLeaseError, grpc.StatusCode.FAILED_PRECONDITION),
     (IllegalTransitionError, grpc.StatusCode.FAILED_PRECONDITION),
-    (SidecarError, grpc.StatusCode.INTERNAL),
-    (ServiceError, grpc.StatusCode.UNAVAILABLE),
+    (SidecarError, grpc.StatusCode.FAILED_PRECONDITION),
 ]
 
 
-def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
+class _Invalid(Exception):
+    """A malformed request field (answered INVALID_ARGUMENT)."""
+
+
+def _status(exc: Exception) -> grpc.StatusCode | None:
+    if isinstance(exc, _Invalid):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, ServiceError):  # the coordinator's answer, passed on
+        code = exc.code
+        return grpc.StatusCode.UNAVAILABLE if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) else code
     for cls, code in _CODES:
         if isinstance(exc, cls):
+            return code
+    return None
+
+
+def _aborted(context: grpc.ServicerContext) -> bool:
+    """True once a handler called ``context.abort`` (grpc raises a bare Exception from it)."""
+    return context.code() is not None  # type: ignore[attr-defined]
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map our errors to their status; log anything else with a request id and answer INTERNAL."""
+
+    @functools.wraps(fn)
+    def wrapper(self: SidecarServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - the RPC edge: nothing unexpected may reach the client raw
+            code = _status(exc)
+            if code is None:
+                if _aborted(context):
+                    raise  # context.abort() already set the status
+                rid = secrets.token_hex(6)
+                log.exception("sidecar %s failed (request id %s)", fn.__name__, rid)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal sidecar error (request id {rid}); the sidecar "
+                                                        "log has the details")
             context.abort(code, f"{type(exc).__name__}: {exc}")
-    raise exc
+
+    return wrapper
+
+
+def _stream_guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`_guarded` for a server-streaming handler (a generator)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: SidecarServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from fn(self, request, context)
+        except Exception as exc:  # noqa: BLE001
+            code = _status(exc)
+            if code is None:
+                if _aborted(context):
+                    raise
+                rid = secrets.token_hex(6)
+                log.exception("sidecar %s failed (request id %s)", fn.__name__, rid)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal sidecar error (request id {rid})")
+            context.abort(code, f"{type(exc).__name__}: {exc}")
+
+    return wrapper
 
 
 def lease_to_pb(lease: Lease) -> spb.SidecarLease:
@@ -56,25 +129,62 @@ def lease_to_pb(lease: Lease) -> spb.SidecarLease:
                             nodes=list(lease.nodes), ttl_s=lease.ttl_s)
 
 
+def _name(value: str, field: str) -> str:
+    if not value:
+        raise _Invalid(f"{field} is missing: expected the registered job's name")
+    if len(value) > MAX_NAME_LEN or not value.isprintable() or " " in value:
+        raise _Invalid(f"{field}={value[:40]!r} is invalid: expected at most {MAX_NAME_LEN} printable characters "
+                       "without spaces")
+    return value
+
+
+def _number(value: float, field: str, high: float, *, low: float = 0.0, low_open: bool = False) -> float:
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        raise _Invalid(f"{field}={value!r} is invalid: expected a finite number {bound} and <= {high:g}")
+    return value
+
+
+def _rank_id(value: str) -> str:
+    if not value or len(value) > 2 * MAX_NAME_LEN:
+        raise RankLeaseError("rank_id is missing or malformed: attach first (rollmux.init) and pass the id "
+                             "Attach returned")
+    return value
+
+
 class SidecarServicer(spb_grpc.SidecarServicer):
     """Args:
         agent: the node agent every call goes to.
+        peer_of: the connection a call came on (None: it did not come through the socket front).
     """
 
-    def __init__(self, agent: NodeAgent) -> None:
+    def __init__(self, agent: NodeAgent, peer_of: Callable[[str], Peer | None]) -> None:
         self.agent = agent
+        self._peer_of = peer_of
 
+    def _peer(self, context: grpc.ServicerContext) -> Peer:
+        peer = self._peer_of(context.peer())
+        if peer is None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "this call did not come through the sidecar's socket: "
+                                                             "connect to the socket the sidecar serves")
+        assert peer is not None
+        return peer
+
+    @_stream_guarded
     def Attach(self, request: spb.AttachRequest, context: grpc.ServicerContext) -> Any:
-        if not request.job or not request.job_token:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job and job_token are required: set ROLLMUX_JOB and "
-                                                            "ROLLMUX_JOB_TOKEN (or pass them to rollmux.init)")
-        try:
-            lease, inbox = self.agent.attach(request.job, request.job_token, request.rank, request.pid)
-        except (SidecarError, ServiceError) as exc:
-            _abort(context, exc)
-            return
+        peer = self._peer(context)
+        _name(request.job, "job")
+        if not request.job_token:
+            raise _Invalid("job_token is missing: register the job (rollmux.register, or RegisterJob) and pass "
+                           "its token (rollmux.init(job_token=...) or ROLLMUX_JOB_TOKEN)")
+        if len(request.job_token) > MAX_NAME_LEN:
+            raise RankLeaseError(f"coordinator refused job {request.job!r}: the token is not a RollMux job token")
+        pid = peer.pid if peer.pid > 0 else request.pid  # the kernel's word wins where it is visible
+        lease, inbox = self.agent.attach(request.job, request.job_token, request.rank, pid, conn=peer.conn)
+
         def on_done() -> None:  # the stream ended: a clean Detach happened first, or the rank died
-            self.agent.rank_gone(lease.rank_id, clean=False)
+            self.agent.rank_gone(lease.rank_id, clean=False, conn=peer.conn)
 
         context.add_callback(on_done)
         yield spb.RankEvent(attached=spb.Attached(rank_id=lease.rank_id, node_id=self.agent.config.node_id,
@@ -97,51 +207,77 @@ class SidecarServicer(spb_grpc.SidecarServicer):
                                                         keep_nodes=list(payload.keep_nodes),
                                                         release_nodes=list(payload.release_nodes)))
 
+    @_guarded
     def Acquire(self, request: spb.AcquireRequest, context: grpc.ServicerContext) -> Any:
+        peer = self._peer(context)
+        rank_id = _rank_id(request.rank_id)
         if request.phase not in PHASES:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"phase={request.phase!r} is invalid: expected one of {', '.join(PHASES)}")
-        if request.iteration < 0 or request.timeout_s <= 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"iteration={request.iteration} / timeout_s={request.timeout_s}: expected >= 0 / > 0")
+            raise _Invalid(f"phase={request.phase!r} is invalid: expected one of {', '.join(PHASES)}")
+        if request.iteration < 0:
+            raise _Invalid(f"iteration={request.iteration} is invalid: expected >= 0")
+        timeout = _number(request.timeout_s, "timeout_s", MAX_TIMEOUT_S, low_open=True)
+        remaining = context.time_remaining()
+        if remaining is not None:  # never wait past the caller's own deadline
+            timeout = max(0.001, min(timeout, remaining - 0.05))
         start = time.monotonic()
-        try:
-            lease = self.agent.acquire(request.rank_id, request.phase, request.iteration, request.timeout_s)
-        except (SidecarError, ServiceError, IllegalTransitionError) as exc:
-            _abort(context, exc)
-            return None
+        lease = self.agent.acquire(rank_id, request.phase, request.iteration, timeout, conn=peer.conn)
         return spb.AcquireResponse(lease=lease_to_pb(lease), waited_s=time.monotonic() - start)
 
+    @_guarded
     def Release(self, request: spb.ReleaseRequest, context: grpc.ServicerContext) -> Any:
-        try:
-            released, phase, it = self.agent.release(request.rank_id, request.epoch, request.duration_s,
-                                                     request.state_host_bytes)
-        except (SidecarError, ServiceError, IllegalTransitionError) as exc:
-            _abort(context, exc)
-            return None
+        peer = self._peer(context)
+        rank_id = _rank_id(request.rank_id)
+        if request.epoch < 0:
+            raise _Invalid(f"epoch={request.epoch} is invalid: expected the epoch of the lease Acquire returned")
+        duration = _number(request.duration_s, "duration_s", MAX_DURATION_S)
+        host = int(_number(float(request.state_host_bytes), "state_host_bytes", float(MAX_HOST_BYTES)))
+        released, phase, it = self.agent.release(rank_id, request.epoch, duration, host, conn=peer.conn)
         return spb.ReleaseResponse(node_released=released, next_phase=phase, next_iteration=it)
 
+    @_guarded
     def Progress(self, request: spb.ProgressRequest, context: grpc.ServicerContext) -> Any:
-        try:
-            m = self.agent.progress(request.rank_id, request.epoch, request.finished, request.total)
-        except (SidecarError, ServiceError) as exc:
-            _abort(context, exc)
-            return None
+        peer = self._peer(context)
+        rank_id = _rank_id(request.rank_id)
+        if request.total <= 0 or request.finished < 0 or request.finished > request.total:
+            raise _Invalid(f"progress finished={request.finished} total={request.total} is invalid: expected "
+                           "0 <= finished <= total and total > 0")
+        m = self.agent.progress(rank_id, request.epoch, request.finished, request.total, conn=peer.conn)
         resp = spb.ProgressResponse()
         if m is not None:
             resp.migrate.CopyFrom(spb.Migrate(job=m.job, epoch=m.epoch, keep_nodes=list(m.keep_nodes),
                                               release_nodes=list(m.release_nodes)))
         return resp
 
+    @_guarded
     def Detach(self, request: spb.DetachRequest, context: grpc.ServicerContext) -> Any:
-        self.agent.rank_gone(request.rank_id, clean=True, job_done=request.job_done)
+        peer = self._peer(context)
+        self.agent.rank_gone(_rank_id(request.rank_id), clean=True, job_done=request.job_done, conn=peer.conn)
         return spb.DetachResponse()
 
+    @_guarded
     def NodeStatus(self, request: spb.NodeStatusRequest, context: grpc.ServicerContext) -> Any:
+        self._peer(context)
         s = self.agent.status()
         return spb.NodeStatusResponse(node_id=s["node_id"], pool=s["pool"], connection=s["connection"],
                                       ranks=s["ranks"], cached_state_host_bytes=s["cached_state_host_bytes"],
                                       events=s["events"])
+
+    @_guarded
+    def Register(self, request: spb.RegisterRequest, context: grpc.ServicerContext) -> Any:
+        self._peer(context)
+        if not request.HasField("spec"):
+            raise _Invalid("spec is missing: expected the JobSpec to register")
+        _name(request.spec.name, "spec.name")
+        if len(request.nonce) > MAX_NONCE_LEN:
+            raise _Invalid(f"nonce is longer than {MAX_NONCE_LEN} characters")
+        try:
+            job = self.agent.register_job(request.spec, request.nonce or None)
+        except NotReadyError as exc:
+            raise SidecarUnreachableError(f"sidecar of node {self.agent.config.node_id} could not relay the "
+                                          f"registration: {exc}") from None
+        info = job.registration
+        return spb.RegisterResponse(job=job.name, job_token=job.token, deployment=job.deployment or "",
+                                    state=info.state if info else "")
 
 
 def _phase_name(value: int) -> str:
@@ -150,13 +286,36 @@ def _phase_name(value: int) -> str:
     return convert.phase_from_pb(value).value
 
 
-def serve(agent: NodeAgent, socket_path: str, *, max_workers: int = 64) -> grpc.Server:
-    """Start the service on `socket_path` (a stale socket file is replaced); returns the server."""
-    if os.path.exists(socket_path):
-        os.unlink(socket_path)
+class SidecarServer:
+    """The running service: the socket front on the public path, gRPC on a private socket behind it."""
+
+    def __init__(self, grpc_server: grpc.Server, front: SocketFront, private_dir: str) -> None:
+        self.grpc_server, self.front, self._dir = grpc_server, front, private_dir
+
+    def stop(self, grace: float | None = None) -> None:
+        self.front.stop()
+        self.grpc_server.stop(grace).wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def serve(agent: NodeAgent, socket_path: str, *, policy: PeerPolicy | None = None,
+          max_workers: int = 64) -> SidecarServer:
+    """Start the service on `socket_path` (a stale socket file is replaced); returns the server.
+
+    Args:
+        policy: which local peers may connect (default: the sidecar's own uid only).
+    """
+    policy = policy or PeerPolicy()
+    private = private_socket_dir()
+    upstream = os.path.join(private, "grpc.sock")
+    front = SocketFront(socket_path, upstream, policy,
+                        on_refused=lambda pid, uid, gid: agent.note("peer_refused", pid=pid, uid=uid, gid=gid))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rollmux-uds"))
-    spb_grpc.add_SidecarServicer_to_server(SidecarServicer(agent), server)
-    server.add_insecure_port(f"unix:{socket_path}")
+    spb_grpc.add_SidecarServicer_to_server(SidecarServicer(agent, front.peer), server)
+    server.add_insecure_port(f"unix:{upstream}")
     server.start()
-    os.chmod(socket_path, 0o660)
-    return server
+    front.start(mode=0o666 if (policy.uids or policy.gids) else 0o660)
+    return SidecarServer(server, front, private)
+
+
+__all__ = ["SidecarServer", "SidecarServicer", "serve"]

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rollmux.sidecar import env
+from rollmux.sidecar import env, registration
 from rollmux.sidecar.api import (
     PHASES,
     JobAbortedError,
@@ -47,6 +47,7 @@ from rollmux.sidecar.api import (
     SidecarUnreachableError,
     phase_pool,
 )
+from rollmux.sidecar.registration import Registration, RegistrationError, register
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,12 +108,13 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
     """Opt this process in (or not), attaching it to the node's sidecar. Idempotent.
 
     Every argument defaults to its environment variable (``rollmux.sidecar.env``); an explicit
-    argument wins.
+    argument wins. Job name and token fall back to the registration this process made with
+    :func:`register`, so a process that registered needs neither variable.
 
     Args:
         socket: the sidecar's Unix socket (``ROLLMUX_SIDECAR_SOCKET``, the opt-in).
-        job: the job's registered name (``ROLLMUX_JOB``).
-        job_token: the job token from registration (``ROLLMUX_JOB_TOKEN``).
+        job: the job's registered name (``ROLLMUX_JOB``, else this process's registration).
+        job_token: the job token (``ROLLMUX_JOB_TOKEN``, else this process's registration).
         rank: this process's rank in the job (``ROLLMUX_RANK``, else ``RANK``, else 0).
         permit_timeout_s: longest wait for one permit (``ROLLMUX_PERMIT_TIMEOUT_S``, else 600).
         event_log: file to append one JSON line per phase to (``ROLLMUX_EVENT_LOG``).
@@ -133,13 +135,14 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
             return False
         if _runtime is not None:
             return True
-        job = job or os.environ.get(env.JOB, "")
-        token = job_token or os.environ.get(env.JOB_TOKEN, "")
+        job, token = _credentials(job, job_token)
         if not job or not token:
             missing = [n for n, v in ((env.JOB, job), (env.JOB_TOKEN, token)) if not v]
             raise ShimConfigError(f"RollMux is opted in ({env.SIDECAR_SOCKET}={path}) but {' and '.join(missing)} "
-                                  "is not set: pass the registered job's name and token (rollmux.init(job=..., "
-                                  f"job_token=...)) or unset {env.SIDECAR_SOCKET} to run without RollMux")
+                                  "is not set and this process registered no job: register it first "
+                                  "(rollmux.register(spec)), or pass the registered job's name and token "
+                                  f"(rollmux.init(job=..., job_token=...)), or unset {env.SIDECAR_SOCKET} to run "
+                                  "without RollMux")
         if rank is None:
             rank = int(os.environ.get(env.RANK) or os.environ.get("RANK") or 0)
         timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
@@ -147,6 +150,16 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
                            connect_timeout_s)
         _resolved = True
         return True
+
+
+def _credentials(job: str | None, job_token: str | None) -> tuple[str, str]:
+    """(job, token): explicit arguments, then the variables, then this process's registration."""
+    job = job or os.environ.get(env.JOB, "")
+    token = job_token or os.environ.get(env.JOB_TOKEN, "")
+    reg = registration.current()
+    if reg is not None and (not job or job == reg.job):
+        job, token = reg.job, token or reg.token
+    return job, token
 
 
 def _unreachable(path: str, why: str) -> SidecarUnreachableError:
@@ -494,3 +507,7 @@ def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_time
     """
     timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
     return RankHandle(_attach(socket, job, job_token, rank, timeout, event_log, connect_timeout_s))
+
+
+__all__ = ["PhaseContext", "RankHandle", "Registration", "RegistrationError", "attach_rank", "enabled", "init", "phase",
+           "register", "register_state", "runtime_hook", "shutdown"]

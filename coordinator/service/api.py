@@ -95,6 +95,7 @@ class ServiceConfig:
     max_name_len: int = 128  # longest job or node name accepted
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
+    relayed_registration: bool = True  # accept RegisterJob relayed by a node's sidecar with its node token
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl_s", "max_wait_s", "heartbeat_interval_s", "reap_interval_s"):

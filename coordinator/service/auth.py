@@ -19,6 +19,31 @@ from collections.abc import Iterable
 from rollmux.coordinator.service.api import PermissionDeniedError, UnauthenticatedError
 
 METADATA_KEY = "authorization"
+_NO_JOB = "0" * 64  # stands in for the token hash of a job that does not exist (matches no token)
+
+
+def read_secret(path: str | None) -> str | None:
+    """The bootstrap secret: from `path`, else the file `ROLLMUX_SECRET_FILE` names, else
+    `ROLLMUX_BOOTSTRAP_SECRET`; None when none is configured.
+
+    Raises:
+        ValueError: the file cannot be read or holds only whitespace (the message names it).
+    """
+    import os
+
+    from rollmux.coordinator.service import env
+
+    path = path or os.environ.get(env.SECRET_FILE) or None
+    if path is None:
+        return os.environ.get(env.BOOTSTRAP_SECRET) or None
+    try:
+        with open(path) as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the bootstrap secret file {path}: {exc.strerror}") from None
+    if not secret:
+        raise ValueError(f"the bootstrap secret file {path} is empty: put the cluster's secret in it")
+    return secret
 
 
 def new_token() -> str:
@@ -62,12 +87,15 @@ class Authenticator:
         self._secret = secret or ""
         self._verified: dict[str, tuple[str, bytes]] = {}  # job -> (token hash, token) last verified
 
-    def verify_job(self, token: str | None, job: str, token_sha256: str) -> None:
+    def verify_job(self, token: str | None, job: str, token_sha256: str | None) -> None:
         """`check_job` that remembers each job's last verified token, so repeat calls skip the hash.
 
         A hit needs the same stored hash (a re-registration rotates it) and a constant-time match
-        of the token itself.
+        of the token itself. `token_sha256` None means no such job: refused exactly like a wrong token.
         """
+        if token_sha256 is None:
+            self.check_job(token, job, _NO_JOB)
+            return
         hit = self._verified.get(job)
         if hit is not None and token and hit[0] == token_sha256 and hmac.compare_digest(hit[1], token.encode()):
             return
@@ -100,5 +128,6 @@ class Authenticator:
             raise UnauthenticatedError(f"call for job {job!r} without its job token: send the token "
                                        "RegisterJob returned as 'authorization: Bearer <token>'")
         if not hmac.compare_digest(sha256_hex(token), token_sha256):
-            raise PermissionDeniedError(f"the token does not belong to job {job!r}: a job may only touch "
-                                        "its own permits")
+            raise PermissionDeniedError(f"the token is not the token of a registered job {job!r}: a job may only "
+                                        "touch its own permits (register the job first and send the token "
+                                        "RegisterJob returned)")

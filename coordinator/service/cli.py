@@ -22,7 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     store.add_argument("--embedded", action="store_true", help="keep state in this process (single machine)")
     parser.add_argument("--namespace", default="rollmux", help="Redis key prefix")
     parser.add_argument("--http", default="0.0.0.0:8080", help="HOST:PORT for /livez /readyz /metrics ('' = off)")
-    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${env.BOOTSTRAP_SECRET})")
+    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${env.SECRET_FILE} names "
+                                              f"the file, else ${env.BOOTSTRAP_SECRET} holds it)")
     parser.add_argument("--instance-id", default=socket.gethostname(),
                         help="leadership owner name; a restart with the same id takes over at once, "
                              "a standby with another id waits for the lease to lapse")
@@ -34,6 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-gpu", default="H20")
     parser.add_argument("--train-gpu", default="H800")
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--no-relayed-registration", action="store_true",
+                        help="refuse job registrations relayed by node sidecars (then only the operator token "
+                             "registers jobs)")
     parser.add_argument("--tls-cert", help="PEM certificate (with --tls-key: serve TLS)")
     parser.add_argument("--tls-key", help="PEM private key")
     parser.add_argument("--port-file", help="write the bound gRPC and HTTP ports here (JSON) once listening")
@@ -44,8 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rollmux.coordinator.service import env, logs
+    from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.api import ServiceConfig
+    from rollmux.coordinator.service.auth import read_secret
     from rollmux.coordinator.service.server import Running, ServerOptions, serve
     from rollmux.errors import SpecError
     from rollmux.model import ClusterSpec
@@ -54,17 +59,19 @@ def run(args: argparse.Namespace) -> int:
     if not args.redis and not args.embedded:
         print("rollmux coordinator: give --redis URL (or $ROLLMUX_REDIS_URL) or --embedded", file=sys.stderr)
         return 2
-    secret = os.environ.get(env.BOOTSTRAP_SECRET)
-    if args.secret_file:
-        with open(args.secret_file) as f:
-            secret = f.read().strip()
+    try:
+        secret = read_secret(args.secret_file)
+    except ValueError as exc:
+        print(f"rollmux coordinator: {exc}", file=sys.stderr)
+        return 2
     try:
         opts = ServerOptions(
             listen=args.listen, http=args.http or None, redis_url=None if args.embedded else args.redis,
             namespace=args.namespace, secret=secret, owner=args.instance_id, leader_ttl_s=args.leader_ttl,
             tls_cert=args.tls_cert, tls_key=args.tls_key,
             config=ServiceConfig(lease_ttl_s=args.lease_ttl, max_wait_s=args.max_wait,
-                                 migration_threshold=args.migration_threshold),
+                                 migration_threshold=args.migration_threshold,
+                                 relayed_registration=not args.no_relayed_registration),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node))
     except (SpecError, ValueError) as exc:

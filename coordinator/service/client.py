@@ -157,8 +157,8 @@ class CoordinatorClient:
             self._index += 1
 
     def call(self, method: str, request: Any, *, token: str | None = None, timeout_s: float = 10.0,
-             metadata: Sequence[tuple[str, str]] = ()) -> Any:
-        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s`.
+             metadata: Sequence[tuple[str, str]] = (), retry_s: float | None = None) -> Any:
+        """Invoke `method`, retrying UNAVAILABLE with backoff for up to `retry_s` (default: the client's).
 
         Raises:
             ServiceError: the coordinator refused the call (or stayed unavailable).
@@ -167,7 +167,7 @@ class CoordinatorClient:
         tok = token if token is not None else self.token
         if tok:
             md.append(("authorization", f"Bearer {tok}"))
-        deadline = time.monotonic() + self.retry_s
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         delay = 0.02
         while True:
             try:
@@ -186,11 +186,23 @@ class CoordinatorClient:
         self._channels.clear()
 
     # ---- job side --------------------------------------------------------------------------
-    def register_job(self, spec: JobSpec, *, nonce: str | None = None) -> JobClient:
-        """Register a job; returns its handle (keep `handle.token` to reconnect after a crash)."""
+    def register_job(self, spec: JobSpec | pb.JobSpec, *, nonce: str | None = None, relay_node: str = "",
+                     token: str | None = None) -> JobClient:
+        """Register a job; returns its handle (keep `handle.token` to reconnect after a crash).
+
+        Args:
+            spec: the job (a `JobSpec`, or its message as a sidecar relays it unchanged).
+            nonce: secret making a retry idempotent (default: a fresh random one).
+            relay_node: set by a sidecar relaying a local job's registration; `token` is then its node token.
+            token: overrides the client's operator token for this call.
+        """
         nonce = nonce or secrets.token_urlsafe(24)
-        resp = self.call("RegisterJob", pb.RegisterJobRequest(spec=convert.spec_to_pb(spec), nonce=nonce))
-        return JobClient(self, spec.name, resp.job_token, _info(resp.status))
+        msg = spec if isinstance(spec, pb.JobSpec) else convert.spec_to_pb(spec)
+        resp = self.call("RegisterJob", pb.RegisterJobRequest(spec=msg, nonce=nonce, relay_node=relay_node),
+                         token=token)
+        job = JobClient(self, msg.name, resp.job_token, _info(resp.status))
+        job.deployment = resp.deployment or None
+        return job
 
     def job(self, name: str, token: str) -> JobClient:
         """A handle on an already registered job (e.g. a restarted trainer)."""
@@ -198,10 +210,11 @@ class CoordinatorClient:
 
     # ---- node side -------------------------------------------------------------------------
     def register_node(self, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int, host_dram_bytes: int,
-                      nvml: dict[str, str] | None = None, token: str | None = None) -> pb.RegisterNodeResponse:
+                      nvml: dict[str, str] | None = None, token: str | None = None,
+                      retry_s: float | None = None) -> pb.RegisterNodeResponse:
         req = pb.RegisterNodeRequest(node_id=node_id, pool=convert.POOL_TO_PB[pool], gpu_type=gpu_type,
                                      gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
-        return self.call("RegisterNode", req, token=token)
+        return self.call("RegisterNode", req, token=token, retry_s=retry_s)
 
     # ---- operator side ---------------------------------------------------------------------
     def cluster_state(self) -> pb.ClusterStateResponse:
@@ -220,6 +233,10 @@ class JobClient:
     def __init__(self, client: CoordinatorClient, name: str, token: str, info: JobInfo | None) -> None:
         self.client, self.name, self.token = client, name, token
         self.registration = info  # status at registration (None for `CoordinatorClient.job`)
+        self.deployment: str | None = None  # deployment mode chosen at registration, when the coordinator says
+
+    def __repr__(self) -> str:  # never show the token
+        return f"JobClient(name={self.name!r}, token=<hidden>)"
 
     def _call(self, method: str, request: Any, timeout_s: float = 10.0) -> Any:
         return self.client.call(method, request, token=self.token, timeout_s=timeout_s)
@@ -361,6 +378,7 @@ class NodeSession:
         self.on_message, self.active_epochs, self.heartbeat_s = on_message, active_epochs, heartbeat_s
         self._stop = threading.Event()
         self.connected = threading.Event()
+        self.last_error: ServiceError | None = None  # why the last attempt to connect failed (None: it did not)
         self._thread = threading.Thread(target=self._run, name=f"rollmux-node-{node_id}", daemon=True)
         self._call: Any = None
 
@@ -372,7 +390,7 @@ class NodeSession:
         self._stop.set()
         if self._call is not None:
             self._call.cancel()
-        self._thread.join(5)
+        self._thread.join(2)  # a daemon thread: a registration retry still sleeping must not hold up a shutdown
 
     def _requests(self) -> Iterator[pb.NodeUp]:
         while not self._stop.is_set():
@@ -384,17 +402,23 @@ class NodeSession:
         delay = 0.05
         while not self._stop.is_set():
             try:
-                self.client.register_node(self.node_id, token=self.token, **self._register)  # type: ignore[arg-type]
+                # one attempt per round: this loop's own backoff retries, and `last_error` stays current
+                self.client.register_node(self.node_id, token=self.token, retry_s=0.0,
+                                          **self._register)  # type: ignore[arg-type]
                 md = [(NODE_METADATA_KEY, self.node_id)]
                 if self.token:
                     md.append(("authorization", f"Bearer {self.token}"))
                 self._call = self.client._stub().NodeStream(self._requests(), metadata=md)  # noqa: SLF001
                 for msg in self._call:
                     self.connected.set()
+                    self.last_error = None
                     delay = 0.05
                     self.on_message(msg)
-            except (grpc.RpcError, ServiceError):
-                pass
+            except ServiceError as exc:
+                self.last_error = exc
+            except grpc.RpcError as exc:
+                if not self._stop.is_set():
+                    self.last_error = _error(exc)
             self.connected.clear()
             if self._stop.wait(delay):
                 return

@@ -103,6 +103,7 @@ class JobRecord:
     rollout_nodes: tuple[str, ...] = ()
     train_nodes: tuple[str, ...] = ()
     placement: str = ""  # the policy's explanation
+    relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
     history: list = field(default_factory=list)
 
     def describe(self) -> str:
@@ -113,7 +114,7 @@ class JobRecord:
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
                       "train_nodes": list(self.train_nodes), "placement": self.placement,
-                      "history": self.history})
+                      "relayed_by": self.relayed_by, "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> JobRecord:

@@ -11,16 +11,18 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
+from rollmux.coordinator.service import validate
 from rollmux.coordinator.service.api import (
     InvalidArgumentError,
     JobState,
     NodeState,
+    PermissionDeniedError,
     PermitState,
     ServiceError,
     WaitOutcome,
@@ -77,8 +79,20 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             await context.abort(exc.code, str(exc))
         except SpecError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # noqa: BLE001 - the RPC edge: log it and answer INTERNAL, never UNKNOWN
+            await context.abort(grpc.StatusCode.INTERNAL, _internal(fn.__name__, context))
 
     return wrapper
+
+
+def _internal(method: str, context: grpc.aio.ServicerContext) -> str:
+    """Log the exception being handled with a request id; the message the caller gets."""
+    rid = validate.request_id(context.invocation_metadata())
+    log.exception("unexpected error in %s (request id %s)", method, rid, extra={"request_id": rid,
+                                                                               "method": method})
+    return f"internal error in {method} (request id {rid}): the coordinator log has the details"
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
@@ -109,11 +123,21 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return value
 
     def _job(self, context: grpc.aio.ServicerContext, name: str) -> str:
+        """Authenticate a job call, then look the job up: an unknown job and a wrong token get the
+        same answer (UNAUTHENTICATED without a token, PERMISSION_DENIED with one), so names cannot
+        be enumerated."""
         name = self._name(name, "job")
         self.core.require_ready()
-        job = self.core.rt.job(name)
-        self.auth.verify_job(bearer(context.invocation_metadata()), name, job.token_sha256)
+        job = self.core.rt.jobs.get(name)
+        self.auth.verify_job(bearer(context.invocation_metadata()), name, job.token_sha256 if job else None)
         return name
+
+    def _duration(self, name: str, epoch: int, value: float) -> float:
+        permit = self.core.rt.permits.get(name)
+        held = None
+        if permit is not None and permit.state is PermitState.GRANTED and permit.epoch == epoch:
+            held = validate.held_s(permit.history, time.time())
+        return validate.duration(value, held_s=held, max_wait_s=self.core.config.max_wait_s)
 
     @staticmethod
     def _epoch(value: int) -> int:
@@ -130,9 +154,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.auth.check_node(bearer(context.invocation_metadata()), node_id)
         pool = convert.pool_from_pb(request.pool)
         self._name(request.gpu_type, "gpu_type")
-        if len(request.nvml) > self.core.config.max_nvml_entries:
-            raise InvalidArgumentError(f"nvml has {len(request.nvml)} entries: expected at most "
-                                       f"{self.core.config.max_nvml_entries}")
+        validate.node_facts(request.gpu_count, request.host_dram_bytes, request.nvml,
+                            self.core.config.max_nvml_entries)
         try:
             Node(node_id=node_id, pool=pool, gpu_type=request.gpu_type, gpu_count=request.gpu_count,
                  host_dram_bytes=request.host_dram_bytes)
@@ -157,6 +180,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except ServiceError as exc:
             await context.abort(exc.code, str(exc))
             return
+        try:
+            async for msg in self._node_stream(node_id, request_iterator):
+                yield msg
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:  # noqa: BLE001 - the RPC edge
+            await context.abort(grpc.StatusCode.INTERNAL, _internal("NodeStream", context))
+
+    async def _node_stream(self, node_id: str, request_iterator: AsyncIterator[pb.NodeUp]
+                           ) -> AsyncIterator[pb.NodeDown]:
         outbox = self.core.open_stream(node_id)
         reader = asyncio.get_running_loop().create_task(self._read_heartbeats(node_id, request_iterator, outbox))
         with contextlib.suppress(ServiceError):  # not ready: the reload reconnects open streams
@@ -220,9 +253,26 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     # ------------------------------------------------------------------------------------------
     # job side
     # ------------------------------------------------------------------------------------------
+    def _registrar(self, request: pb.RegisterJobRequest, context: grpc.aio.ServicerContext) -> str:
+        """Authenticate a registration: the operator's, or one relayed by a registered node's sidecar
+        (its node token). Returns the relaying node ("" = direct)."""
+        token = bearer(context.invocation_metadata())
+        if not request.relay_node:
+            self.auth.check_operator(token)
+            return ""
+        node_id = self._name(request.relay_node, "relay_node")
+        self.auth.check_node(token, node_id)
+        if not self.core.config.relayed_registration:
+            raise PermissionDeniedError(f"node {node_id!r} relayed a job registration, but this coordinator "
+                                        "refuses relayed registrations (--no-relayed-registration): register "
+                                        "the job with the operator token instead")
+        self.core.require_ready()
+        self.core.rt.node(node_id)
+        return node_id
+
     @_rpc
     async def RegisterJob(self, request: pb.RegisterJobRequest, context: grpc.aio.ServicerContext) -> Any:
-        self.auth.check_operator(bearer(context.invocation_metadata()))
+        relayed_by = self._registrar(request, context)
         if not request.HasField("spec"):
             raise InvalidArgumentError("spec is missing: expected a JobSpec")
         self._name(request.spec.name, "spec.name")
@@ -237,9 +287,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         token = new_token()
         nonce = request.nonce or new_token()
         job, rotated = await self.core.mutate(lambda rt: rt.register_job(
-            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce)))
+            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce), relayed_by=relayed_by))
         log.info("job registered%s", " again (token rotated)" if rotated else "",
-                 extra={"job": spec.name, "group": job.group_id, "state": job.state.value})
+                 extra={"job": spec.name, "group": job.group_id, "state": job.state.value,
+                        "relayed_by": relayed_by})
         return pb.RegisterJobResponse(job_token=token, status=job_status(self.core.rt, spec.name))
 
     @_rpc
@@ -249,9 +300,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def _wait_budget(self, timeout_s: float, context: grpc.aio.ServicerContext) -> float:
         """The server-side wait a call may make: its ask, the server maximum and the RPC deadline."""
-        if not math.isfinite(timeout_s) or timeout_s < 0:
-            raise InvalidArgumentError(f"timeout_s={timeout_s} is invalid: expected a finite number >= 0")
-        wait_s = min(timeout_s, self.core.config.max_wait_s)
+        wait_s = min(validate.timeout(timeout_s), self.core.config.max_wait_s)
         remaining_rpc = context.time_remaining()
         if remaining_rpc is not None:
             wait_s = min(wait_s, max(0.0, remaining_rpc - 0.05))
@@ -306,8 +355,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def ReleasePermit(self, request: pb.ReleasePermitRequest, context: grpc.aio.ServicerContext) -> Any:
         name = self._job(context, request.job)
         epoch = self._epoch(request.epoch)
-        if not math.isfinite(request.duration_s) or request.duration_s < 0:
-            raise InvalidArgumentError(f"duration_s={request.duration_s} is invalid: expected a finite number >= 0")
+        self._duration(name, epoch, request.duration_s)
         permit = self.core.rt.permits.get(name)
         pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
         res = await self.core.mutate(lambda rt: rt.release(name, epoch, request.duration_s))
@@ -322,8 +370,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def AdvancePermit(self, request: pb.AdvancePermitRequest, context: grpc.aio.ServicerContext) -> Any:
         name = self._job(context, request.job)
         epoch = self._epoch(request.epoch)
-        if not math.isfinite(request.duration_s) or request.duration_s < 0:
-            raise InvalidArgumentError(f"duration_s={request.duration_s} is invalid: expected a finite number >= 0")
+        self._duration(name, epoch, request.duration_s)
         wait_s = self._wait_budget(request.timeout_s, context)
         core = self.core
         start = core.clock()
@@ -393,7 +440,7 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStat
     job = rt.job(name)
     ttl = rt.config.lease_ttl_s if ttl_s is None else ttl_s
     msg = pb.JobStatus(job=name, state=job.state.value, group_id=job.group_id, rollout_nodes=job.rollout_nodes,
-                       train_nodes=job.train_nodes, placement=job.placement)
+                       train_nodes=job.train_nodes, placement=job.placement, relayed_by=job.relayed_by)
     permit = rt.permits.get(name)
     if permit is None:
         msg.next_phase, msg.next_iteration, msg.permit_state = pb.PHASE_ROLLOUT, 0, "pending-admission"

@@ -187,15 +187,17 @@ class NodeDown(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[NodeSnapshot, _Mapping]] = ..., granted: _Optional[_Union[PermitGranted, _Mapping]] = ..., revoked: _Optional[_Union[PermitRevoked, _Mapping]] = ..., migrate: _Optional[_Union[MigrationDirective, _Mapping]] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("spec", "nonce")
+    __slots__ = ("spec", "nonce", "relay_node")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
+    RELAY_NODE_FIELD_NUMBER: _ClassVar[int]
     spec: JobSpec
     nonce: str
-    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ...) -> None: ...
+    relay_node: str
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ..., relay_node: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement")
+    __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement", "relayed_by")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +211,7 @@ class JobStatus(_message.Message):
     OBSERVED_TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     PENDING_POSITION_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_BY_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
     group_id: str
@@ -222,15 +225,18 @@ class JobStatus(_message.Message):
     observed_train_s: float
     pending_position: int
     placement: str
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., group_id: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., permit_state: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., observed_roll_s: _Optional[float] = ..., observed_train_s: _Optional[float] = ..., pending_position: _Optional[int] = ..., placement: _Optional[str] = ...) -> None: ...
+    relayed_by: str
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., group_id: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., permit_state: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., observed_roll_s: _Optional[float] = ..., observed_train_s: _Optional[float] = ..., pending_position: _Optional[int] = ..., placement: _Optional[str] = ..., relayed_by: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
-    __slots__ = ("job_token", "status")
+    __slots__ = ("job_token", "status", "deployment")
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     job_token: str
     status: JobStatus
-    def __init__(self, job_token: _Optional[str] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+    deployment: str
+    def __init__(self, job_token: _Optional[str] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ..., deployment: _Optional[str] = ...) -> None: ...
 
 class AcquirePermitRequest(_message.Message):
     __slots__ = ("job", "phase", "iteration", "timeout_s")

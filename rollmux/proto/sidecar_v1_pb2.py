@@ -22,49 +22,54 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from rollmux.proto import rollmux_v1_pb2 as rollmux_dot_proto_dot_rollmux__v1__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erollmux/proto/sidecar_v1.proto\x12\x12rollmux.sidecar.v1\"J\n\rAttachRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tjob_token\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0b\n\x03pid\x18\x04 \x01(\x05\"\xd5\x01\n\tRankEvent\x12\x30\n\x08\x61ttached\x18\x01 \x01(\x0b\x32\x1c.rollmux.sidecar.v1.AttachedH\x00\x12.\n\x07granted\x18\x02 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.GrantedH\x00\x12.\n\x07revoked\x18\x03 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.RevokedH\x00\x12.\n\x07migrate\x18\x04 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.MigrateH\x00\x42\x06\n\x04kind\":\n\x08\x41ttached\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\"j\n\x0cSidecarLease\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x11\n\titeration\x18\x03 \x01(\x03\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\r\n\x05nodes\x18\x05 \x03(\t\x12\r\n\x05ttl_s\x18\x06 \x01(\x01\":\n\x07Granted\x12/\n\x05lease\x18\x01 \x01(\x0b\x32 .rollmux.sidecar.v1.SidecarLease\"5\n\x07Revoked\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"P\n\x07Migrate\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nkeep_nodes\x18\x03 \x03(\t\x12\x15\n\rrelease_nodes\x18\x04 \x03(\t\"V\n\x0e\x41\x63quireRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x11\n\titeration\x18\x03 \x01(\x03\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\"T\n\x0f\x41\x63quireResponse\x12/\n\x05lease\x18\x01 \x01(\x0b\x32 .rollmux.sidecar.v1.SidecarLease\x12\x10\n\x08waited_s\x18\x02 \x01(\x01\"^\n\x0eReleaseRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x18\n\x10state_host_bytes\x18\x04 \x01(\x03\"T\n\x0fReleaseResponse\x12\x15\n\rnode_released\x18\x01 \x01(\x08\x12\x12\n\nnext_phase\x18\x02 \x01(\t\x12\x16\n\x0enext_iteration\x18\x03 \x01(\x03\"R\n\x0fProgressRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x10\n\x08\x66inished\x18\x03 \x01(\x03\x12\r\n\x05total\x18\x04 \x01(\x03\"Q\n\x10ProgressResponse\x12\x31\n\x07migrate\x18\x01 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.MigrateH\x00\x88\x01\x01\x42\n\n\x08_migrate\"2\n\rDetachRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x10\n\x08job_done\x18\x02 \x01(\x08\"\x10\n\x0e\x44\x65tachResponse\"\x13\n\x11NodeStatusRequest\"\x87\x01\n\x12NodeStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x12\n\nconnection\x18\x03 \x01(\t\x12\r\n\x05ranks\x18\x04 \x01(\x05\x12\x1f\n\x17\x63\x61\x63hed_state_host_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06\x65vents\x18\x06 \x03(\t2\x84\x04\n\x07Sidecar\x12L\n\x06\x41ttach\x12!.rollmux.sidecar.v1.AttachRequest\x1a\x1d.rollmux.sidecar.v1.RankEvent0\x01\x12R\n\x07\x41\x63quire\x12\".rollmux.sidecar.v1.AcquireRequest\x1a#.rollmux.sidecar.v1.AcquireResponse\x12R\n\x07Release\x12\".rollmux.sidecar.v1.ReleaseRequest\x1a#.rollmux.sidecar.v1.ReleaseResponse\x12U\n\x08Progress\x12#.rollmux.sidecar.v1.ProgressRequest\x1a$.rollmux.sidecar.v1.ProgressResponse\x12O\n\x06\x44\x65tach\x12!.rollmux.sidecar.v1.DetachRequest\x1a\".rollmux.sidecar.v1.DetachResponse\x12[\n\nNodeStatus\x12%.rollmux.sidecar.v1.NodeStatusRequest\x1a&.rollmux.sidecar.v1.NodeStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erollmux/proto/sidecar_v1.proto\x12\x12rollmux.sidecar.v1\x1a\x1erollmux/proto/rollmux_v1.proto\"J\n\rAttachRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tjob_token\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0b\n\x03pid\x18\x04 \x01(\x05\"\xd5\x01\n\tRankEvent\x12\x30\n\x08\x61ttached\x18\x01 \x01(\x0b\x32\x1c.rollmux.sidecar.v1.AttachedH\x00\x12.\n\x07granted\x18\x02 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.GrantedH\x00\x12.\n\x07revoked\x18\x03 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.RevokedH\x00\x12.\n\x07migrate\x18\x04 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.MigrateH\x00\x42\x06\n\x04kind\":\n\x08\x41ttached\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\"j\n\x0cSidecarLease\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x11\n\titeration\x18\x03 \x01(\x03\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\x12\r\n\x05nodes\x18\x05 \x03(\t\x12\r\n\x05ttl_s\x18\x06 \x01(\x01\":\n\x07Granted\x12/\n\x05lease\x18\x01 \x01(\x0b\x32 .rollmux.sidecar.v1.SidecarLease\"5\n\x07Revoked\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"P\n\x07Migrate\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nkeep_nodes\x18\x03 \x03(\t\x12\x15\n\rrelease_nodes\x18\x04 \x03(\t\"V\n\x0e\x41\x63quireRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x11\n\titeration\x18\x03 \x01(\x03\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\"T\n\x0f\x41\x63quireResponse\x12/\n\x05lease\x18\x01 \x01(\x0b\x32 .rollmux.sidecar.v1.SidecarLease\x12\x10\n\x08waited_s\x18\x02 \x01(\x01\"^\n\x0eReleaseRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12\x18\n\x10state_host_bytes\x18\x04 \x01(\x03\"T\n\x0fReleaseResponse\x12\x15\n\rnode_released\x18\x01 \x01(\x08\x12\x12\n\nnext_phase\x18\x02 \x01(\t\x12\x16\n\x0enext_iteration\x18\x03 \x01(\x03\"R\n\x0fProgressRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x10\n\x08\x66inished\x18\x03 \x01(\x03\x12\r\n\x05total\x18\x04 \x01(\x03\"Q\n\x10ProgressResponse\x12\x31\n\x07migrate\x18\x01 \x01(\x0b\x32\x1b.rollmux.sidecar.v1.MigrateH\x00\x88\x01\x01\x42\n\n\x08_migrate\"2\n\rDetachRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x10\n\x08job_done\x18\x02 \x01(\x08\"\x10\n\x0e\x44\x65tachResponse\"C\n\x0fRegisterRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.rollmux.v1.JobSpec\x12\r\n\x05nonce\x18\x02 \x01(\t\"U\n\x10RegisterResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tjob_token\x18\x02 \x01(\t\x12\x12\n\ndeployment\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\"\x13\n\x11NodeStatusRequest\"\x87\x01\n\x12NodeStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x12\n\nconnection\x18\x03 \x01(\t\x12\r\n\x05ranks\x18\x04 \x01(\x05\x12\x1f\n\x17\x63\x61\x63hed_state_host_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06\x65vents\x18\x06 \x03(\t2\xdb\x04\n\x07Sidecar\x12L\n\x06\x41ttach\x12!.rollmux.sidecar.v1.AttachRequest\x1a\x1d.rollmux.sidecar.v1.RankEvent0\x01\x12R\n\x07\x41\x63quire\x12\".rollmux.sidecar.v1.AcquireRequest\x1a#.rollmux.sidecar.v1.AcquireResponse\x12R\n\x07Release\x12\".rollmux.sidecar.v1.ReleaseRequest\x1a#.rollmux.sidecar.v1.ReleaseResponse\x12U\n\x08Progress\x12#.rollmux.sidecar.v1.ProgressRequest\x1a$.rollmux.sidecar.v1.ProgressResponse\x12O\n\x06\x44\x65tach\x12!.rollmux.sidecar.v1.DetachRequest\x1a\".rollmux.sidecar.v1.DetachResponse\x12[\n\nNodeStatus\x12%.rollmux.sidecar.v1.NodeStatusRequest\x1a&.rollmux.sidecar.v1.NodeStatusResponse\x12U\n\x08Register\x12#.rollmux.sidecar.v1.RegisterRequest\x1a$.rollmux.sidecar.v1.RegisterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollmux.proto.sidecar_v1_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ATTACHREQUEST']._serialized_start=54
-  _globals['_ATTACHREQUEST']._serialized_end=128
-  _globals['_RANKEVENT']._serialized_start=131
-  _globals['_RANKEVENT']._serialized_end=344
-  _globals['_ATTACHED']._serialized_start=346
-  _globals['_ATTACHED']._serialized_end=404
-  _globals['_SIDECARLEASE']._serialized_start=406
-  _globals['_SIDECARLEASE']._serialized_end=512
-  _globals['_GRANTED']._serialized_start=514
-  _globals['_GRANTED']._serialized_end=572
-  _globals['_REVOKED']._serialized_start=574
-  _globals['_REVOKED']._serialized_end=627
-  _globals['_MIGRATE']._serialized_start=629
-  _globals['_MIGRATE']._serialized_end=709
-  _globals['_ACQUIREREQUEST']._serialized_start=711
-  _globals['_ACQUIREREQUEST']._serialized_end=797
-  _globals['_ACQUIRERESPONSE']._serialized_start=799
-  _globals['_ACQUIRERESPONSE']._serialized_end=883
-  _globals['_RELEASEREQUEST']._serialized_start=885
-  _globals['_RELEASEREQUEST']._serialized_end=979
-  _globals['_RELEASERESPONSE']._serialized_start=981
-  _globals['_RELEASERESPONSE']._serialized_end=1065
-  _globals['_PROGRESSREQUEST']._serialized_start=1067
-  _globals['_PROGRESSREQUEST']._serialized_end=1149
-  _globals['_PROGRESSRESPONSE']._serialized_start=1151
-  _globals['_PROGRESSRESPONSE']._serialized_end=1232
-  _globals['_DETACHREQUEST']._serialized_start=1234
-  _globals['_DETACHREQUEST']._serialized_end=1284
-  _globals['_DETACHRESPONSE']._serialized_start=1286
-  _globals['_DETACHRESPONSE']._serialized_end=1302
-  _globals['_NODESTATUSREQUEST']._serialized_start=1304
-  _globals['_NODESTATUSREQUEST']._serialized_end=1323
-  _globals['_NODESTATUSRESPONSE']._serialized_start=1326
-  _globals['_NODESTATUSRESPONSE']._serialized_end=1461
-  _globals['_SIDECAR']._serialized_start=1464
-  _globals['_SIDECAR']._serialized_end=1980
+  _globals['_ATTACHREQUEST']._serialized_start=86
+  _globals['_ATTACHREQUEST']._serialized_end=160
+  _globals['_RANKEVENT']._serialized_start=163
+  _globals['_RANKEVENT']._serialized_end=376
+  _globals['_ATTACHED']._serialized_start=378
+  _globals['_ATTACHED']._serialized_end=436
+  _globals['_SIDECARLEASE']._serialized_start=438
+  _globals['_SIDECARLEASE']._serialized_end=544
+  _globals['_GRANTED']._serialized_start=546
+  _globals['_GRANTED']._serialized_end=604
+  _globals['_REVOKED']._serialized_start=606
+  _globals['_REVOKED']._serialized_end=659
+  _globals['_MIGRATE']._serialized_start=661
+  _globals['_MIGRATE']._serialized_end=741
+  _globals['_ACQUIREREQUEST']._serialized_start=743
+  _globals['_ACQUIREREQUEST']._serialized_end=829
+  _globals['_ACQUIRERESPONSE']._serialized_start=831
+  _globals['_ACQUIRERESPONSE']._serialized_end=915
+  _globals['_RELEASEREQUEST']._serialized_start=917
+  _globals['_RELEASEREQUEST']._serialized_end=1011
+  _globals['_RELEASERESPONSE']._serialized_start=1013
+  _globals['_RELEASERESPONSE']._serialized_end=1097
+  _globals['_PROGRESSREQUEST']._serialized_start=1099
+  _globals['_PROGRESSREQUEST']._serialized_end=1181
+  _globals['_PROGRESSRESPONSE']._serialized_start=1183
+  _globals['_PROGRESSRESPONSE']._serialized_end=1264
+  _globals['_DETACHREQUEST']._serialized_start=1266
+  _globals['_DETACHREQUEST']._serialized_end=1316
+  _globals['_DETACHRESPONSE']._serialized_start=1318
+  _globals['_DETACHRESPONSE']._serialized_end=1334
+  _globals['_REGISTERREQUEST']._serialized_start=1336
+  _globals['_REGISTERREQUEST']._serialized_end=1403
+  _globals['_REGISTERRESPONSE']._serialized_start=1405
+  _globals['_REGISTERRESPONSE']._serialized_end=1490
+  _globals['_NODESTATUSREQUEST']._serialized_start=1492
+  _globals['_NODESTATUSREQUEST']._serialized_end=1511
+  _globals['_NODESTATUSRESPONSE']._serialized_start=1514
+  _globals['_NODESTATUSRESPONSE']._serialized_end=1649
+  _globals['_SIDECAR']._serialized_start=1652
+  _globals['_SIDECAR']._serialized_end=2255
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from rollmux.proto import rollmux_v1_pb2 as _rollmux_v1_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -155,6 +156,26 @@ class DetachRequest(_message.Message):
 class DetachResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("spec", "nonce")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    spec: _rollmux_v1_pb2.JobSpec
+    nonce: str
+    def __init__(self, spec: _Optional[_Union[_rollmux_v1_pb2.JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("job", "job_token", "deployment", "state")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    job_token: str
+    deployment: str
+    state: str
+    def __init__(self, job: _Optional[str] = ..., job_token: _Optional[str] = ..., deployment: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class NodeStatusRequest(_message.Message):
     __slots__ = ()

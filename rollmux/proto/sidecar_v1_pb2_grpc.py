@@ -64,6 +64,11 @@ class SidecarStub:
                 request_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.NodeStatusRequest.SerializeToString,
                 response_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.NodeStatusResponse.FromString,
                 _registered_method=True)
+        self.Register = channel.unary_unary(
+                '/rollmux.sidecar.v1.Sidecar/Register',
+                request_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RegisterResponse.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -105,6 +110,12 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Register(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.NodeStatus,
                     request_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.NodeStatusRequest.FromString,
                     response_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.NodeStatusResponse.SerializeToString,
+            ),
+            'Register': grpc.unary_unary_rpc_method_handler(
+                    servicer.Register,
+                    request_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RegisterRequest.FromString,
+                    response_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RegisterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class Sidecar:
             '/rollmux.sidecar.v1.Sidecar/NodeStatus',
             rollmux_dot_proto_dot_sidecar__v1__pb2.NodeStatusRequest.SerializeToString,
             rollmux_dot_proto_dot_sidecar__v1__pb2.NodeStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Register(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmux.sidecar.v1.Sidecar/Register',
+            rollmux_dot_proto_dot_sidecar__v1__pb2.RegisterRequest.SerializeToString,
+            rollmux_dot_proto_dot_sidecar__v1__pb2.RegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,

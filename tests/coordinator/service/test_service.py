@@ -51,7 +51,7 @@ BAD_REQUESTS = [
      InvalidArgumentError, "over the 1048576-byte limit: field nvml"),
     ("DrainNode", pb.DrainNodeRequest(node_id="nope"), NotFoundError, "nope"),
     ("RemoveJob", pb.RemoveJobRequest(job="nope"), NotFoundError, "nope"),
-    ("GetJob", pb.GetJobRequest(job="nope"), NotFoundError, "nope"),
+    ("GetJob", pb.GetJobRequest(job="nope"), UnauthenticatedError, "nope"),  # authenticated before lookup
 ]
 
 

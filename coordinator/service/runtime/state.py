@@ -1,0 +1,111 @@
+"""The runtime's records, change tracking and lookups: the base every runtime part builds on.
+
+`RuntimeState` holds the cluster as the coordinator sees it (nodes, jobs, the policy's groups,
+per-node FIFO queues, permits and their leases). The parts in this package add the transitions on it,
+one responsibility each (see `rollmux.coordinator.service.runtime`). A transition marks the records it
+changed dirty (`_touch`) and queues `Notice`s; the shell takes both with `take_changes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from rollmux.coordinator.policy import ClusterState, RollMuxPolicy
+from rollmux.coordinator.policy.api import PlacementPolicy
+from rollmux.coordinator.service.api import JobState, NotFoundError, ServiceConfig
+from rollmux.coordinator.service.records import GroupRecord, JobRecord, Meta, NodeRecord, PermitRecord, dumps
+from rollmux.model import ClusterSpec, Phase
+
+Clock = Callable[[], float]
+
+
+class NoticeKind(str, Enum):
+    GRANTED = "granted"  # a permit was granted (wake the job, tell its nodes)
+    REVOKED = "revoked"  # a lease ended other than by release (expired, drained, job removed)
+    MIGRATE = "migrate"  # long-tail migration directive
+    NODE = "node"  # a node's state or holder changed (re-send its snapshot)
+    JOB = "job"  # a job's admission or permit changed (wake its waiters)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice:
+    """Something the shell must tell node streams or waiting jobs after the commit."""
+
+    kind: NoticeKind
+    job: str = ""
+    nodes: tuple[str, ...] = ()  # nodes whose sidecars should hear of it
+    epoch: int = 0
+    reason: str = ""
+    keep_nodes: tuple[str, ...] = ()  # MIGRATE only
+    release_nodes: tuple[str, ...] = ()  # MIGRATE only
+
+
+
+class RuntimeState:
+    """All live coordinator state, its change tracking and lookups (no transitions)."""
+
+    def __init__(self, cluster: ClusterSpec, config: ServiceConfig, *, clock: Clock,
+                 wall: Clock, policy: PlacementPolicy | None = None) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.clock = clock  # monotonic seconds (lease deadlines)
+        self.wall = wall  # seconds since the epoch (histories)
+        self.policy = policy or RollMuxPolicy()
+        self.meta = Meta()
+        self.nodes: dict[str, NodeRecord] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.permits: dict[str, PermitRecord] = {}
+        self.queues: dict[str, list[str]] = {}
+        self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
+        self.groups: dict[str, GroupRecord] = {}
+        self.placement = ClusterState(cluster)
+        self.connected: set[str] = set()  # nodes with an open sidecar stream (memory only)
+        self.freed_at: dict[str, float] = {}  # node -> when its last permit ended (memory only)
+        self._dirty: dict[str, Callable[[], str | None]] = {}
+        self._notices: list[Notice] = []
+
+    # ------------------------------------------------------------------------------------------
+    # change tracking
+    # ------------------------------------------------------------------------------------------
+    def take_changes(self) -> tuple[dict[str, str | None], list[Notice]]:
+        """The records changed since the last call (key -> JSON, None = delete) and the notices."""
+        writes = {k: render() for k, render in self._dirty.items()}
+        notices = self._notices
+        self._dirty, self._notices = {}, []
+        return writes, notices
+
+    def _touch(self, key: str, record: object | None) -> None:
+        self._dirty[key] = (lambda: None) if record is None else record.to_json  # type: ignore[attr-defined]
+
+    def _touch_queue(self, node_id: str) -> None:
+        q = self.queues.get(node_id)
+        self._dirty[f"queue/{node_id}"] = (lambda: None) if not q else (lambda q=q: dumps(q))
+
+    def _notify(self, notice: Notice) -> None:
+        self._notices.append(notice)
+
+    # ------------------------------------------------------------------------------------------
+    # lookups (raise NotFound)
+    # ------------------------------------------------------------------------------------------
+    def job(self, name: str) -> JobRecord:
+        try:
+            return self.jobs[name]
+        except KeyError:
+            raise NotFoundError(f"job {name!r} is not registered (deregistered, removed, or never "
+                                "registered): register it first") from None
+
+    def node(self, node_id: str) -> NodeRecord:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise NotFoundError(f"node {node_id!r} is not registered: start its sidecar, which "
+                                "registers it") from None
+
+    def pending(self) -> list[str]:
+        return sorted((j.name for j in self.jobs.values() if j.state is JobState.PENDING),
+                      key=lambda n: self.jobs[n].seq)
+
+    def phase_nodes(self, job: JobRecord, phase: Phase) -> tuple[str, ...]:
+        return job.rollout_nodes if phase is Phase.ROLLOUT else job.train_nodes
