@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def rlvr_config(assets: Path, out: Path, steps: int, name: str) -> dict[str, Any]:
+def rlvr_config(assets: Path, out: Path, steps: int, name: str, lr: float = 1e-3) -> dict[str, Any]:
     """The job's ROLL config as plain data (what a user's YAML holds)."""
     model = str(assets / "model")
 
@@ -46,7 +46,7 @@ def rlvr_config(assets: Path, out: Path, steps: int, name: str) -> dict[str, Any
         "entropy_loss_coef": 0.01, "whiten_advantages": False, "pretrain": model, "reward_pretrain": model,
         "num_gpus_per_node": 1, "model_update_buffer_size_mb": 16, "rpc_timeout": 600,
         "actor_train": cluster(
-            training_args={"learning_rate": 1.0e-3, "weight_decay": 0, "per_device_train_batch_size": 2,
+            training_args={"learning_rate": lr, "weight_decay": 0, "per_device_train_batch_size": 2,
                            "gradient_accumulation_steps": 2, "warmup_steps": 0, "num_train_epochs": 1},
             data_args={"template": "native", "file_name": [str(assets / "data" / "train.jsonl")],
                        "messages": "messages", "preprocessing_num_workers": 1,
@@ -65,10 +65,9 @@ def rlvr_config(assets: Path, out: Path, steps: int, name: str) -> dict[str, Any
 
 def build(args: argparse.Namespace) -> Any:
     import dacite
-
     from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 
-    cfg = dacite.from_dict(RLVRConfig, rlvr_config(Path(args.assets), Path(args.workdir), args.steps, args.name))
+    cfg = dacite.from_dict(RLVRConfig, rlvr_config(Path(args.assets), Path(args.workdir), args.steps, args.name, args.lr))
     # ROLL's config asserts a vllm/sglang actor_infer; on CPU the same worker runs hf_infer (harness report 4.1-2).
     cfg.actor_infer.strategy_args.strategy_name = "hf_infer"
     cfg.actor_infer.worker_cls = "cpu_patches.CpuInferWorker"
@@ -80,7 +79,6 @@ def start_ray() -> None:
 
     if not os.environ.get("ROLLMUX_SIDECAR_SOCKET"):
         import ray
-
         from roll.platforms import current_platform
         from roll.utils.constants import RAY_NAMESPACE
 
@@ -126,6 +124,7 @@ def main() -> int:
     p.add_argument("--out", required=True, help="JSON file for the per-step metrics")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--name", default="rlvr")
+    p.add_argument("--lr", type=float, default=1e-3, help="actor learning rate (tells two jobs apart)")
     args = p.parse_args()
     sys.path.insert(0, str(HERE))
     import assets
