@@ -28,8 +28,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollmux.sidecar.launch import JobKnobs, LocalCluster, Pools, interrupt_safe, read_jsonl
-from rollmux.sidecar.report import Summary, solo_iteration_s, solo_phase_s, summarize
+from rollmux.demo.launch import JobKnobs, LocalCluster, Pools, interrupt_safe, read_jsonl
+from rollmux.demo.report import Summary, solo_iteration_s, solo_phase_s, summarize
 
 JOBS = (
     JobKnobs(name="rollout-heavy", iterations=0, seed=1,
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     last = f"-{len(rounds) - 1}"
     records = [r for r in read_jsonl(out / "phases.jsonl") if r["job"].endswith(last)]
     if args.gantt:
-        from rollmux.sidecar.report import gantt
+        from rollmux.demo.report import gantt
 
         print("gantt:", gantt(records, out / "gantt.png", title="multiplex_cpu: rollout-heavy + train-heavy"))
     print(f"records: {out}")

@@ -28,6 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-gpu", default="H20", help="GPU type of the rollout pool")
     parser.add_argument("--train-gpu", default="H800", help="GPU type of the training pool")
     parser.add_argument("--node-dram-tb", type=float, default=2.0, help="host DRAM per node, TB")
+    from rollmux.coordinator.policy.api import ONLINE_POLICIES
+
+    parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
+                        help="placement policy by name, as in `rollmux coordinator` and `rollmux sim` [default: rollmux]")
     parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
     parser.add_argument("--json", type=Path, default=None, help="also write the decisions and groups as JSON here")
     parser.add_argument("--quiet", action="store_true", help="print only the summary table")
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                               host_dram_bytes=int(args.node_dram_tb * TB), catalog=catalog)
         jobs = load_jobs(args.jobs) if args.jobs else list(BUILTIN_MIX)
-        result = run_placement(jobs, cluster, max_group_size=args.max_group_size)
+        result = run_placement(jobs, cluster, max_group_size=args.max_group_size, policy_name=args.policy)
     except RollMuxError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2

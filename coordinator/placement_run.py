@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig, RollMuxPolicy
+from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig, create_policy
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.coordinator.profiler import resolve
@@ -53,9 +53,10 @@ class PlacementRun:
         }
 
 
-def run_placement(jobs: Sequence[JobSpec], cluster: ClusterSpec, *, max_group_size: int = 5) -> PlacementRun:
+def run_placement(jobs: Sequence[JobSpec], cluster: ClusterSpec, *, max_group_size: int = 5,
+                  policy_name: str = "rollmux") -> PlacementRun:
     """Resolve each job with the profiler, place it, apply the decision; then summarise."""
-    policy = RollMuxPolicy(PolicyConfig(max_group_size=max_group_size))
+    policy = create_policy(policy_name, config=PolicyConfig(max_group_size=max_group_size))
     state = ClusterState(cluster)
     decisions = []
     resolved = [resolve(j, cluster) for j in jobs]

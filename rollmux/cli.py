@@ -17,7 +17,7 @@ COMMANDS: dict[str, str] = {
     "coordinator": "rollmux.coordinator.service.cli",
     "status": "rollmux.coordinator.service.status_cli",
     "sidecar": "rollmux.sidecar.cli",
-    "demo": "rollmux.demo",
+    "demo": "rollmux.demo.cli",
 }
 
 

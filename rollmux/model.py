@@ -308,3 +308,38 @@ class Group:
     train_nodes: tuple[str, ...]
     placements: tuple[Placement, ...]
     usd_per_h: float  # Cost(G): price of every GPU in the group
+
+
+# ----------------------------------------------------------------------------------------------
+# Run permits
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """A granted run permit: one phase of a job holds `nodes` until it releases, fenced by `epoch`.
+
+    The one permit type of every layer: the coordinator client returns it (``client.Permit`` is this
+    class), the sidecar fans it out to a job's local ranks, the shim binds it to the running phase.
+    """
+
+    job: str
+    phase: Phase
+    iteration: int
+    epoch: int  # fencing token; carry it on every renew, release and progress report
+    nodes: tuple[str, ...]
+    ttl_s: float  # renew well within this (the client's `hold` renews every ttl/4)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Migration:
+    """Long-tail migration: finish the rollout on `keep_nodes`, stop using `release_nodes`.
+
+    The one migration type: the coordinator decides it (`policy.migration`), its client, the
+    sidecar and the shim pass it on unchanged.
+    """
+
+    job: str
+    epoch: int
+    keep_nodes: tuple[str, ...]
+    release_nodes: tuple[str, ...]

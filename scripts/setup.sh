@@ -34,5 +34,6 @@ if (( dev )) && ! command -v redis-server >/dev/null 2>&1; then
     echo "[setup] redis-server not found: install it (e.g. 'sudo apt-get install redis-server'); Redis tests will be skipped" >&2
   fi
 fi
+(( dev )) && bash scripts/setup_chart.sh  # helm, kubernetes-validate, hadolint for tests/charts
 (( dev )) && bash scripts/setup_roll.sh  # .venv-roll: the real ROLL for the ROLL adapter tests
 echo "[setup] done"

@@ -44,15 +44,13 @@ from rollmux.coordinator.service.client import (
     Permit,
     PermitTimeoutError,
 )
-from rollmux.model import Phase, Pool
+from rollmux.model import Lease, Migration, Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar.api import (
     PHASES,
     Connection,
     ConnectionState,
     JobAbortedError,
-    Lease,
-    Migration,
     PermitWaitTimeoutError,
     RankLease,
     RankLeaseError,
@@ -204,6 +202,9 @@ class NodeAgent:
                 if job is not None and job.permit is not None and job.permit.epoch == r.epoch:
                     job.permit = None  # stop renewing; its ranks must stop the phase
                     job.last_released_epoch = max(job.last_released_epoch, r.epoch)
+                    for rank in job.live_ranks():
+                        if rank.state is RankState.RUNNING:
+                            rank.move(RankState.IDLE, f"lease epoch {r.epoch} revoked: {r.reason}")
                     self._cv.notify_all()
             self._record("revoked", job=r.job, epoch=r.epoch, reason=r.reason)
             self._fan_out(r.job, ("revoked", r))
@@ -296,12 +297,17 @@ class NodeAgent:
                 job.aborted = f"rank {lease.rank} (pid {lease.pid}) of job {job.name!r} died on node " \
                               f"{self.config.node_id}"
                 job.permit = None  # stop renewing its lease
+            abandoned = job.permit.epoch if job.permit is not None and not job.live_ranks() else 0
+            if abandoned:  # the last local rank left mid-phase: stop renewing, the lease lapses at its TTL
+                job.permit = None
             if not job.live_ranks() and job.permit is None:
                 self._jobs.pop(job.name, None)
             self._cv.notify_all()
         if inbox is not None:
             inbox.put(("detached", None))  # ends the rank's Attach stream
         self._record("rank_detached" if clean else "rank_dead", job=lease.job, rank=lease.rank, pid=lease.pid)
+        if abandoned:
+            self._record("permit_abandoned", job=job.name, epoch=abandoned)
         if not clean:
             self._fan_out(lease.job, ("revoked", pb.PermitRevoked(job=lease.job, reason=job.aborted or "")))
         if deregister:
@@ -358,7 +364,7 @@ class NodeAgent:
                     p = job.permit
                     if p is not None and (p.phase.value, p.iteration) == want:
                         lease.move(RankState.RUNNING, f"epoch {p.epoch}")
-                        return _lease(p)
+                        return p
                     if job.acquiring is None and not job.releasing and p is None:
                         job.acquiring, lead = want, True
                         break
@@ -417,15 +423,16 @@ class NodeAgent:
         """
         with self._cv:
             lease, job = self._rank(rank_id, conn)
-            lease.host_bytes = max(0, state_host_bytes)
             if job.permit is None or job.permit.epoch != epoch:
                 if epoch and epoch <= job.last_released_epoch:  # retried, or revoked meanwhile
                     if lease.state is RankState.RUNNING:
                         lease.move(RankState.IDLE, f"epoch {epoch} already over")
+                    lease.host_bytes = max(0, state_host_bytes)
                     return False, "", 0
                 raise RankLeaseError(f"rank {rank_id} released epoch {epoch}, which node {self.config.node_id} "
                                      "does not hold: acquire the permit first")
-            lease.move(RankState.RELEASING, f"Release epoch {epoch}")
+            lease.move(RankState.RELEASING, f"Release epoch {epoch}")  # refused (unchanged) unless RUNNING
+            lease.host_bytes = max(0, state_host_bytes)
             job.released[rank_id] = duration_s
             pending = [r.rank_id for r in job.live_ranks() if r.rank_id not in job.released]
             lead = not pending and not job.releasing
@@ -441,9 +448,11 @@ class NodeAgent:
                 return False, "", 0
             permit, durations = job.permit, dict(job.released)
             pids = [r.pid for r in job.live_ranks()]
+            # no rank ran longer than the permit has been on this node: a rank's clock cannot say otherwise
+            duration = min(max(durations.values()), max(0.0, time.time() - job.granted_at))
         try:
             self._wait_gpu_memory(job.name, pids)
-            nxt_phase, nxt_it = job.client.release(permit, max(durations.values()))
+            nxt_phase, nxt_it = job.client.release(permit, duration)
         finally:
             with self._cv:
                 job.permit, job.releasing, job.released = None, False, {}
@@ -453,7 +462,7 @@ class NodeAgent:
                         r.move(RankState.IDLE, "node released")
                 self._cv.notify_all()
         self._record("released", job=job.name, phase=permit.phase.value, iteration=permit.iteration, epoch=epoch,
-                     duration_s=round(max(durations.values()), 6), ranks=len(durations))
+                     duration_s=round(duration, 6), ranks=len(durations))
         return True, nxt_phase.value, nxt_it
 
     def _wait_gpu_memory(self, job: str, pids: list[int]) -> None:
@@ -477,12 +486,17 @@ class NodeAgent:
             permit = job.permit
         if permit is None or permit.epoch != epoch:
             return None
-        d = job.client.report_progress(permit, finished, total)
-        if d is None:
-            return None
-        return Migration(job=d.job, epoch=d.epoch, keep_nodes=d.keep_nodes, release_nodes=d.release_nodes)
+        return job.client.report_progress(permit, finished, total)
 
     # ------------------------------------------------------------------------------------- views
+    def snapshot(self) -> dict[str, Any]:
+        """Every rank lease and local job as plain data (refused calls must leave it unchanged)."""
+        with self._cv:
+            return {"connection": self.connection.state.value,
+                    "ranks": {r.rank_id: (r.job, r.rank, r.state.value, r.host_bytes) for r in self._ranks.values()},
+                    "jobs": {j.name: (j.permit.epoch if j.permit else 0, j.acquiring, j.releasing, j.aborted,
+                                      j.last_released_epoch, sorted(j.ranks)) for j in self._jobs.values()}}
+
     def status(self) -> dict[str, Any]:
         with self._cv:
             return {"node_id": self.config.node_id, "pool": self.config.pool.value,
@@ -505,10 +519,6 @@ class NodeAgent:
                 finally:
                     os.close(fd)
         log.info("%s %s", event, fields)
-
-
-def _lease(p: Permit) -> Lease:
-    return Lease(job=p.job, phase=p.phase.value, iteration=p.iteration, epoch=p.epoch, nodes=p.nodes, ttl_s=p.ttl_s)
 
 
 __all__ = ["AgentConfig", "LocalJob", "NodeAgent"]

@@ -54,6 +54,18 @@ class PermitWaitTimeoutError(SidecarError, TimeoutError):
     """A permit was not granted within the wait limit; the message names what it waited for."""
 
 
+class LeaseLostError(SidecarError):
+    """The permit of the running phase was revoked (expired, job removed): the shim stopped the phase.
+
+    Its results are fenced (the coordinator refuses the stale epoch): do not commit them; ask for
+    the phase again, or end the job.
+    """
+
+    def __init__(self, message: str = "the permit of this phase was revoked; the phase was stopped: do not "
+                                      "commit its results, acquire the phase again") -> None:
+        super().__init__(message)
+
+
 def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
     """Move ``record.state`` to `new` through `table` (see `rollmux.lifecycle.transition`).
 
@@ -202,23 +214,3 @@ class Connection:
         _transition(self, CONNECTION_TRANSITIONS, new, now=time.time(), reason=reason)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lease:
-    """A permit as the sidecar hands it to ranks (plain data, no protobuf)."""
-
-    job: str
-    phase: str  # rollout | train | sync
-    iteration: int
-    epoch: int  # fencing token
-    nodes: tuple[str, ...]
-    ttl_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Migration:
-    """Long-tail migration directive: keep running on `keep_nodes`, stop using `release_nodes`."""
-
-    job: str
-    epoch: int
-    keep_nodes: tuple[str, ...]
-    release_nodes: tuple[str, ...]

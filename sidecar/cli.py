@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 HELP = "Run a node's sidecar: register the node, hold its coordinator stream, serve local ranks on a socket."
@@ -51,6 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "always allowed; checked with SO_PEERCRED on every connection)")
     parser.add_argument("--allow-group", action="append", default=[],
                         help="also serve local processes in this group, name or gid (repeatable)")
+    parser.add_argument("--tls-ca", default=None,
+                        help="PEM CA certificate: talk TLS to the coordinator and verify it with this CA (the "
+                             "coordinator's --tls-cert must name the --coordinator host)")
     parser.add_argument("--connect-wait-s", type=float, default=30.0,
                         help="after this long without a coordinator stream, say so (and keep retrying)")
     parser.add_argument("--log-level", default="warning")
@@ -113,7 +117,13 @@ def run(args: argparse.Namespace) -> int:
     gpu = detect(gpu_type, args.gpu_count, use_nvml=not args.no_nvml)
     config = AgentConfig(node_id=args.node_id, pool=pool, gpu_mem_limit_bytes=args.gpu_mem_limit_mib << 20,
                          memory_wait_s=args.memory_wait_s, heartbeat_s=args.heartbeat_s, event_log=args.event_log)
-    client = CoordinatorClient([t.strip() for t in args.coordinator.split(",") if t.strip()], retry_s=10.0)
+    try:
+        root_certificates = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+    except OSError as exc:
+        print(f"rollmux sidecar: cannot read --tls-ca {args.tls_ca}: {exc.strerror}", file=sys.stderr)
+        return 2
+    client = CoordinatorClient([t.strip() for t in args.coordinator.split(",") if t.strip()], retry_s=10.0,
+                               root_certificates=root_certificates)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

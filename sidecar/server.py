@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from rollmux.coordinator.service.api import NotReadyError, ServiceError
+from rollmux.model import Lease
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
@@ -32,7 +33,6 @@ from rollmux.sidecar.api import (
     PHASES,
     IllegalTransitionError,
     JobAbortedError,
-    Lease,
     PermitWaitTimeoutError,
     RankLeaseError,
     SidecarError,
@@ -125,7 +125,7 @@ def _stream_guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def lease_to_pb(lease: Lease) -> spb.SidecarLease:
-    return spb.SidecarLease(job=lease.job, phase=lease.phase, iteration=lease.iteration, epoch=lease.epoch,
+    return spb.SidecarLease(job=lease.job, phase=lease.phase.value, iteration=lease.iteration, epoch=lease.epoch,
                             nodes=list(lease.nodes), ttl_s=lease.ttl_s)
 
 

@@ -20,26 +20,39 @@ A phase whose pool is not this rank's node pool (the rollout worker's side of ``
 permit holds the training node) runs as a *follower*: no permit of its own, its state is loaded
 for the phase, and the collective it takes part in pairs it with the permit holder.
 
+Lease loss: when the coordinator revokes the running phase's permit (its lease expired, the job
+was removed), the shim says so on stderr and in the event log, stops the phase by raising
+:class:`~rollmux.sidecar.api.LeaseLostError` in the thread running it (at its next Python
+bytecode: a call blocked in C returns first), offloads its state so the node's next holder finds
+the GPU free, and never releases the stale epoch (it is fenced). ``with rollmux.phase(...)`` then
+raises ``LeaseLostError``: do not commit that phase's results.
+
+Long-tail migration: a directive for the running rollout (from the Attach stream or a
+``runtime_hook`` answer) is kept on the phase's context (``ctx.migration``) and returned by the
+next ``runtime_hook`` call.
+
 The shim always talks to the local sidecar socket; there is no direct-to-coordinator mode.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rollmux.model import Lease, Migration, Phase
 from rollmux.sidecar import env, registration
 from rollmux.sidecar.api import (
     PHASES,
     JobAbortedError,
-    Lease,
-    Migration,
+    LeaseLostError,
     PermitWaitTimeoutError,
     RankLeaseError,
     ShimConfigError,
@@ -73,6 +86,10 @@ class PhaseContext:
     t_start: float = 0.0  # wall time the phase body started (after the state reload)
     cpu_start: float = 0.0  # process CPU time at the start (phase CPU vs wall shows core contention)
     reload_s: float = 0.0  # time spent reloading registered state
+    thread_id: int = 0  # the thread running the phase (stopped there on lease loss)
+    lost: str = ""  # why the permit was revoked ("" = it was not)
+    migration: Migration | None = None  # the long-tail migration directive for this rollout, if any
+    migration_taken: bool = False  # runtime_hook has returned it
 
 
 @dataclass(slots=True, kw_only=True)
@@ -97,6 +114,7 @@ class _Runtime:
     broken: str | None = None  # why the sidecar stream ended unexpectedly
     closing: bool = False
     migrations: list[Migration] = field(default_factory=list)
+    phase_lock: threading.Lock = field(default_factory=threading.Lock)  # guards `current` against the watcher
 
 
 # ------------------------------------------------------------------------------------------- init
@@ -209,19 +227,41 @@ def _watch(rt: _Runtime) -> None:
         for ev in rt.stream:
             kind = ev.WhichOneof("kind")
             if kind == "revoked":
-                cur = rt.current
-                if cur is not None and cur.lease is not None and ev.revoked.epoch in (0, cur.lease.epoch):
-                    rt.lost.set()
+                _lease_lost(rt, ev.revoked.epoch, ev.revoked.reason or "revoked by the coordinator")
             elif kind == "migrate":
                 m = ev.migrate
-                rt.migrations.append(Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
-                                               release_nodes=tuple(m.release_nodes)))
+                directive = Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
+                                      release_nodes=tuple(m.release_nodes))
+                rt.migrations.append(directive)
+                cur = rt.current
+                if cur is not None and cur.lease is not None and cur.lease.epoch == m.epoch and cur.migration is None:
+                    cur.migration = directive
     except grpc.RpcError as exc:
         if not rt.closing:
             rt.broken = f"the sidecar stream ended: {exc.code().name} {exc.details()}"
         return
     if not rt.closing:
         rt.broken = "the sidecar ended this rank's lease"
+
+
+def _lease_lost(rt: _Runtime, epoch: int, reason: str) -> None:
+    """The permit of the running phase was revoked: say so and stop the phase in its thread."""
+    with rt.phase_lock:
+        cur = rt.current
+        if cur is None or cur.lease is None or epoch not in (0, cur.lease.epoch) or cur.lost:
+            return
+        cur.lost = reason
+        rt.lost.set()
+        print(f"rollmux: job {rt.job!r} rank {rt.rank}: the permit of {cur.phase}({cur.iteration}) epoch "
+              f"{cur.lease.epoch} was revoked ({reason}); stopping the phase (fenced: its results must not be "
+              "committed)", file=sys.stderr, flush=True)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(cur.thread_id), ctypes.py_object(LeaseLostError))
+
+
+def _lost_error(rt: _Runtime, ctx: PhaseContext) -> LeaseLostError:
+    return LeaseLostError(f"job {rt.job!r} rank {rt.rank}: the permit of {ctx.phase}({ctx.iteration}) epoch "
+                          f"{ctx.lease.epoch if ctx.lease else 0} was revoked ({ctx.lost}); the phase was stopped "
+                          "and its results are fenced: do not commit them, acquire the phase again")
 
 
 def _active() -> _Runtime | None:
@@ -280,13 +320,24 @@ class _Phase:
 
     def __enter__(self) -> PhaseContext | None:
         rt = _active()
-        self._ctx = None if rt is None else _enter(rt, self.name, self.iteration)
+        if rt is None:
+            self._ctx = None
+            return None
+        try:
+            self._ctx = _enter(rt, self.name, self.iteration)
+        except LeaseLostError:  # revoked before the body ran: no __exit__ will follow
+            ctx = _leave(rt)
+            if ctx is None:
+                raise
+            _exit(rt, ctx)
         return self._ctx
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._ctx is not None and _runtime is not None:
-            ctx, self._ctx = self._ctx, None
-            _exit(_runtime, ctx)
+            self._ctx = None
+            ctx = _leave(_runtime)
+            if ctx is not None:
+                _exit(_runtime, ctx)
 
 
 def phase(name: str, *, iteration: int | None = None) -> _Phase:
@@ -333,7 +384,7 @@ def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
         resp = _rpc(rt, "Acquire", spb.AcquireRequest(rank_id=rt.rank_id, phase=name, iteration=it,
                                                        timeout_s=rt.timeout_s), rt.timeout_s + 30.0)
         ls = resp.lease
-        ctx.lease = Lease(job=ls.job, phase=ls.phase, iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
+        ctx.lease = Lease(job=ls.job, phase=Phase(ls.phase), iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
                           ttl_s=ls.ttl_s)
     rt.lost.clear()
     t0 = time.time()
@@ -342,14 +393,26 @@ def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
     ctx.t_start = time.time()
     ctx.cpu_start = time.process_time()
     ctx.reload_s = ctx.t_start - t0
+    ctx.thread_id = threading.get_ident()
     rt.current = ctx
     return ctx
 
 
+def _leave(rt: _Runtime) -> PhaseContext | None:
+    """Take the running phase off the watcher's hands; a stop it already sent lands here, not later."""
+    while True:
+        try:
+            with rt.phase_lock:
+                ctx, rt.current = rt.current, None
+            return ctx
+        except LeaseLostError:
+            continue  # the watcher's stop arrived as the phase ended: it is recorded on ctx.lost
+
+
 def _exit(rt: _Runtime, ctx: PhaseContext) -> None:
+    """End the phase: offload its state, release its permit (unless it was revoked: then raise)."""
     from rollmux.proto import sidecar_v1_pb2 as spb
 
-    rt.current = None
     t_body = time.time()
     cpu_s = time.process_time() - ctx.cpu_start
     host_bytes = 0
@@ -357,21 +420,32 @@ def _exit(rt: _Runtime, ctx: PhaseContext) -> None:
         rt.cache.offload()
         host_bytes = int(rt.cache.host_bytes())
     t_end = time.time()
+    if ctx.lost:  # fenced: the epoch is stale, nothing to release; the phase did not happen
+        _log_phase(rt, ctx, t_body, cpu_s, t_end)
+        raise _lost_error(rt, ctx)
     rt.counters[ctx.phase] = ctx.iteration + 1
     if ctx.lease is not None:
         _rpc(rt, "Release", spb.ReleaseRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
                                                 duration_s=t_end - ctx.t_start + ctx.reload_s,
                                                 state_host_bytes=host_bytes), rt.timeout_s + 30.0)
-    if rt.event_log:
-        rec = {"job": rt.job, "rank": rt.rank, "node": rt.node_id, "pool": rt.pool, "phase": ctx.phase,
-               "iteration": ctx.iteration, "owner": ctx.owner, "epoch": ctx.lease.epoch if ctx.lease else 0,
-               "t_request": round(ctx.t_request, 6), "t_start": round(ctx.t_start - ctx.reload_s, 6),
-               "t_body_end": round(t_body, 6), "body_cpu_s": round(cpu_s, 6), "t_end": round(t_end, 6), "t_released": round(time.time(), 6)}
-        fd = os.open(rt.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(rec) + "\n").encode())
-        finally:
-            os.close(fd)
+    _log_phase(rt, ctx, t_body, cpu_s, t_end)
+
+
+def _log_phase(rt: _Runtime, ctx: PhaseContext, t_body: float, cpu_s: float, t_end: float) -> None:
+    if not rt.event_log:
+        return
+    rec = {"job": rt.job, "rank": rt.rank, "node": rt.node_id, "pool": rt.pool, "phase": ctx.phase,
+           "iteration": ctx.iteration, "owner": ctx.owner, "epoch": ctx.lease.epoch if ctx.lease else 0,
+           "t_request": round(ctx.t_request, 6), "t_start": round(ctx.t_start - ctx.reload_s, 6),
+           "t_body_end": round(t_body, 6), "body_cpu_s": round(cpu_s, 6), "t_end": round(t_end, 6),
+           "t_released": round(time.time(), 6)}
+    if ctx.lost:
+        rec["lost"] = ctx.lost  # revoked and stopped: never released, its results fenced
+    fd = os.open(rt.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------- progress / state
@@ -386,16 +460,23 @@ def runtime_hook(finished: int, total: int) -> Migration | None:
         outside an owned rollout phase.
     """
     rt = _runtime if (_runtime is not None or _resolved) else _active()
-    if rt is None or rt.current is None or rt.current.lease is None or rt.current.phase != "rollout":
+    ctx = None if rt is None else rt.current
+    if rt is None or ctx is None or ctx.lease is None or ctx.phase != "rollout":
         return None
+    if ctx.lost:
+        raise _lost_error(rt, ctx)
     from rollmux.proto import sidecar_v1_pb2 as spb
 
-    resp = _rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=rt.current.lease.epoch,
+    resp = _rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
                                                      finished=finished, total=total), 30.0)
-    if not resp.HasField("migrate"):
+    if resp.HasField("migrate") and ctx.migration is None:
+        m = resp.migrate
+        ctx.migration = Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
+                                  release_nodes=tuple(m.release_nodes))
+    if ctx.migration is None or ctx.migration_taken:
         return None
-    m = resp.migrate
-    return Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes), release_nodes=tuple(m.release_nodes))
+    ctx.migration_taken = True  # one directive per rollout: follow it once
+    return ctx.migration
 
 
 def register_state(*objects: Any, name: str | None = None) -> None:

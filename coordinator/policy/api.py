@@ -44,6 +44,7 @@ class RejectReason(str, Enum):
     HOST_DRAM = "host-dram"  # resident state would not fit a node's host DRAM
     SLO = "slo"  # simulated co-execution would break a member's SLO
     NOT_EVALUATED = "not-evaluated"  # an earlier group already offered a zero-cost placement
+    NODE_UNAVAILABLE = "node-unavailable"  # a node the placement needs is draining, drained or lost
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +118,7 @@ def register_policy(name: str, factory: Callable[..., PlacementPolicy]) -> None:
 
 def create_policy(name: str, **kwargs: object) -> PlacementPolicy:
     """Build a registered policy by name (the built-ins register on import of `policy`)."""
-    import rollmux.coordinator.policy  # noqa: F401  (registers the built-ins)
+    import rollmux.coordinator.policy.baselines  # noqa: F401  (registers the built-ins)
 
     try:
         factory = _REGISTRY[name]
@@ -128,7 +129,12 @@ def create_policy(name: str, **kwargs: object) -> PlacementPolicy:
     return factory(**kwargs)
 
 
+ONLINE_POLICIES = ("rollmux", "most-idle", "random", "solo-d")
+"""Policies that place one arriving job at a time (what a live coordinator can run); every one is
+built as ``create_policy(name, config=PolicyConfig(...), seed=N)``."""
+
+
 def registered_policies() -> list[str]:
-    import rollmux.coordinator.policy  # noqa: F401
+    import rollmux.coordinator.policy.baselines  # noqa: F401
 
     return sorted(_REGISTRY)

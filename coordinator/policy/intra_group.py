@@ -122,11 +122,11 @@ def simulate_round_robin(members: Sequence[MemberTiming], *, iterations: int | N
         period = cycle_time(members)
         periods = {m.name: period for m in members}
     else:
-        periods = _empirical_periods(members, roll_starts, job_ready)
+        periods = empirical_periods(members, roll_starts, job_ready)
     return ScheduleResult(periods_s=periods, intervals=tuple(intervals), makespan_s=max(job_ready))
 
 
-def _empirical_periods(members: Sequence[MemberTiming], roll_starts: list[list[float]],
+def empirical_periods(members: Sequence[MemberTiming], roll_starts: list[list[float]],
                        job_ready: list[float]) -> dict[str, float]:
     """Mean iteration time over the second half of the horizon (per-iteration times vary)."""
     periods = {}

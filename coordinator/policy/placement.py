@@ -55,6 +55,10 @@ def isolated_cost(job: JobSpec, cluster: ClusterSpec) -> float:
 def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig) -> Rejection | None:
     """Step 1: reasons to skip a group before looking at any placement in it."""
     gid = group.group_id
+    if not group.train_available:
+        return Rejection(group_id=gid, strategy=None, reason=RejectReason.NODE_UNAVAILABLE,
+                         message=f"training node(s) {','.join(sorted(group.train_unavailable))} cannot take work "
+                                 "(draining, drained or lost)")
     if len(group.members) >= config.max_group_size:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.GROUP_FULL,
                          message=f"{len(group.members)} jobs = max group size {config.max_group_size}")
@@ -98,7 +102,7 @@ def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec) -> tuple[l
     assert job.rollout_state_bytes is not None
     k = cluster.nodes_for(job.n_rollout_gpus)
     roomy = sorted((n for n in group.rollout.values()
-                    if n.dram_used_bytes + job.rollout_state_bytes < n.host_dram_bytes),
+                    if n.available and n.dram_used_bytes + job.rollout_state_bytes < n.host_dram_bytes),
                    key=lambda n: (n.load_s, n.node_id))
     out = [Candidate(group=group, existing_nodes=tuple(n.node_id for n in roomy[: k - s]), new_nodes=s)
            for s in range(0, k + 1) if len(roomy) >= k - s]
@@ -152,7 +156,7 @@ class RollMuxPolicy:
 
     name = "rollmux"
 
-    def __init__(self, config: PolicyConfig | None = None) -> None:
+    def __init__(self, config: PolicyConfig | None = None, **_: object) -> None:
         self.config = config or PolicyConfig()
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementDecision:

@@ -4,7 +4,12 @@
 `GroupState` keeps T_cycle, the training load, per-node rollout load and DRAM use, and the
 tightest SLO budget up to date on every join and leave, so a placement never recomputes all
 groups. Applying a decision checks the safety invariants (DRAM within capacity, membership
-consistent) before it returns.
+consistent, no node that cannot take work) before it returns.
+
+Node facts come from whoever owns the nodes (`ClusterState.set_node`: the live coordinator passes
+each node record's host DRAM and whether it can take work; the simulator leaves the defaults of
+`ClusterSpec`). A node that cannot take work (draining, drained or lost) is never a placement
+candidate: `RolloutNodeState.available` and `GroupState.train_available` say so to every policy.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class RolloutNodeState:
     dram_used_bytes: int = 0  # resident state of pinned jobs
     load_s: float = 0.0  # sum of T_roll of pinned jobs
     jobs: list[str] = field(default_factory=list)
+    available: bool = True  # False while the node is draining, drained or lost: place nothing on it
 
 
 @dataclass(slots=True)
@@ -53,7 +59,7 @@ class GroupState:
 
     __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
                  "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
-                 "_cluster")
+                 "train_unavailable", "_cluster")
 
     def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
                  train_dram_bytes: int) -> None:
@@ -70,11 +76,17 @@ class GroupState:
         self.min_budget_s = float("inf")
         self.min_budget_job = ""  # the member whose SLO binds first
         self.max_node_load_s = 0.0
+        self.train_unavailable: set[str] = set()  # training nodes that cannot take work now
 
     # -- derived -------------------------------------------------------------------------------
     @property
     def t_load_s(self) -> float:
         return max(self.train_load_s, self.max_node_load_s)
+
+    @property
+    def train_available(self) -> bool:
+        """Every training node can take work (a new member would train on all of them)."""
+        return not self.train_unavailable
 
     @property
     def saturated(self) -> bool:
@@ -172,6 +184,9 @@ class ClusterState:
         self.groups: dict[str, GroupState] = {}  # creation order
         self._unsaturated: dict[str, GroupState] = {}  # index kept on every join/leave
         self.job_group: dict[str, str] = {}
+        self.node_group: dict[str, str] = {}  # node -> the group it serves
+        self.node_dram: dict[str, int] = {}  # host DRAM per node (set_node); default cluster.host_dram_bytes
+        self.unavailable: set[str] = set()  # nodes that cannot take work (set_node)
         self._group_seq = itertools.count()
         self._group_floor = 0  # next group number after restored groups
         self._node_seq = itertools.count()
@@ -195,6 +210,35 @@ class ClusterState:
         else:
             self._unsaturated.pop(group.group_id, None)
 
+    def set_node(self, node_id: str, *, host_dram_bytes: int, available: bool) -> None:
+        """Record a node's facts: its host DRAM and whether it can take work now."""
+        self.node_dram[node_id] = host_dram_bytes
+        (self.unavailable.discard if available else self.unavailable.add)(node_id)
+        group = self.groups.get(self.node_group.get(node_id, ""))
+        if group is None:
+            return
+        if node_id in group.rollout:
+            group.rollout[node_id].host_dram_bytes = host_dram_bytes
+            group.rollout[node_id].available = available
+        if node_id in group.train_nodes:
+            (group.train_unavailable.discard if available else group.train_unavailable.add)(node_id)
+            group.train_dram_bytes = self._train_dram(group.train_nodes)
+
+    def _dram(self, node_id: str) -> int:
+        return self.node_dram.get(node_id, self.cluster.host_dram_bytes)
+
+    def _train_dram(self, train_nodes: Iterable[str]) -> int:
+        return min((self._dram(n) for n in train_nodes), default=self.cluster.host_dram_bytes)
+
+    def _new_group(self, group_id: str, train_nodes: tuple[str, ...]) -> GroupState:
+        group = GroupState(group_id, self.cluster, train_nodes, self._train_dram(train_nodes))
+        group.train_unavailable = {n for n in train_nodes if n in self.unavailable}
+        return group
+
+    def _add_rollout_node(self, group: GroupState, node_id: str) -> None:
+        group.add_rollout_node(node_id, self._dram(node_id))
+        group.rollout[node_id].available = node_id not in self.unavailable
+
     def gpus_in_use(self, pool: Pool) -> int:
         per = self.cluster.gpus_per_node
         if pool is Pool.ROLLOUT:
@@ -212,20 +256,26 @@ class ClusterState:
         if decision.job != job.name:
             raise PolicyError(f"decision is for {decision.job}, not {job.name}")
         alloc = allocate or self._fresh_nodes
-        dram = self.cluster.host_dram_bytes
+        down = [n for n in decision.rollout_nodes if n in self.unavailable]
+        if down:
+            raise PolicyError(f"decision pins {job.name} to node(s) {','.join(down)}, which cannot take work")
         if decision.strategy is Strategy.ISOLATED:
             gid = f"g{next(self._group_seq)}"
-            group = GroupState(gid, self.cluster, tuple(alloc(Pool.TRAIN, decision.new_train_nodes)), dram)
+            group = self._new_group(gid, tuple(alloc(Pool.TRAIN, decision.new_train_nodes)))
             self.groups[gid] = group
         else:
             assert decision.group_id is not None
             group = self.groups[decision.group_id]
+            if not group.train_available:
+                raise PolicyError(f"decision places {job.name} in {group.group_id}, whose training node(s) "
+                                  f"{','.join(sorted(group.train_unavailable))} cannot take work")
         new_ids = alloc(Pool.ROLLOUT, decision.new_rollout_nodes) if decision.new_rollout_nodes else []
         for n in new_ids:
-            group.add_rollout_node(n, dram)
+            self._add_rollout_node(group, n)
         group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids))
         group.check_invariants()
         self.job_group[job.name] = group.group_id
+        self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group.group_id))
         self._reindex(group)
         return group
 
@@ -238,15 +288,15 @@ class ClusterState:
         """
         if group_id in self.groups:
             raise PolicyError(f"group {group_id} already exists")
-        dram = self.cluster.host_dram_bytes
-        group = GroupState(group_id, self.cluster, tuple(train_nodes), dram)
+        group = self._new_group(group_id, tuple(train_nodes))
         for n in rollout_nodes:
-            group.add_rollout_node(n, dram)
+            self._add_rollout_node(group, n)
         for spec, pinned in members:
             group.add_member(spec, tuple(pinned))
             self.job_group[spec.name] = group_id
         group.check_invariants()
         self.groups[group_id] = group
+        self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group_id))
         self._reindex(group)
         digits = "".join(ch for ch in group_id if ch.isdigit())
         if group_id.startswith("g") and digits == group_id[1:] and digits:
@@ -262,6 +312,8 @@ class ClusterState:
         if not group.members:
             released += list(group.train_nodes) + list(group.rollout)
             del self.groups[gid]
+        for n in released:
+            self.node_group.pop(n, None)
         self._reindex(group)
         return released
 

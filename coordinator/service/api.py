@@ -13,6 +13,7 @@ from enum import Enum
 import grpc
 
 from rollmux import lifecycle
+from rollmux.coordinator.policy.migration import MigrationRule
 from rollmux.errors import RollMuxError
 
 # ----------------------------------------------------------------------------------------------
@@ -88,6 +89,7 @@ class ServiceConfig:
     lease_ttl_s: float = 10.0  # a granted permit lapses unless renewed within this many seconds
     max_wait_s: float = 300.0  # longest server-side permit wait one AcquirePermit call may ask for
     migration_threshold: float = 0.8  # rollout progress (finished/total) at which it is tail-bound
+    migration_tail_share: float = 0.125  # share of its rollout nodes a tail-bound rollout keeps (>= 1 node)
     estimate_alpha: float = 0.5  # weight of the newest measured duration in the moving average
     heartbeat_interval_s: float = 2.0  # how often sidecars should send heartbeats
     heartbeat_lapse_intervals: int = 3  # a connected node silent this many intervals turns LOST
@@ -95,6 +97,7 @@ class ServiceConfig:
     max_name_len: int = 128  # longest job or node name accepted
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
+    max_nodes_per_job: int = 1024  # most nodes one job may ask for in either pool (more is refused)
     relayed_registration: bool = True  # accept RegisterJob relayed by a node's sidecar with its node token
 
     def __post_init__(self) -> None:
@@ -105,11 +108,17 @@ class ServiceConfig:
         if not (isinstance(self.heartbeat_lapse_intervals, int) and self.heartbeat_lapse_intervals >= 1):
             raise ValueError(f"heartbeat_lapse_intervals={self.heartbeat_lapse_intervals!r} is invalid: "
                              "expected a whole number >= 1")
-        if not 0.0 < self.migration_threshold <= 1.0:
-            raise ValueError(f"migration_threshold={self.migration_threshold!r} is invalid: expected (0, 1]")
+        for name in ("migration_threshold", "migration_tail_share"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected (0, 1]")
         if not 0.0 < self.estimate_alpha <= 1.0:
             raise ValueError(f"estimate_alpha={self.estimate_alpha!r} is invalid: expected (0, 1]")
 
+
+    @property
+    def migration_rule(self) -> MigrationRule:
+        """The long-tail migration rule, shared with the simulator (`policy.migration`)."""
+        return MigrationRule(threshold=self.migration_threshold, tail_share=self.migration_tail_share)
 
     @property
     def heartbeat_lapse_s(self) -> float:

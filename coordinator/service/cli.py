@@ -32,9 +32,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait", type=float, default=300.0, help="longest server-side permit wait, s")
     parser.add_argument("--migration-threshold", type=float, default=0.8,
                         help="rollout progress at which it is tail-bound (long-tail migration)")
-    parser.add_argument("--rollout-gpu", default="H20")
-    parser.add_argument("--train-gpu", default="H800")
+    from rollmux.coordinator.policy.api import ONLINE_POLICIES
+
+    parser.add_argument("--heartbeat-interval", type=float, default=2.0,
+                        help="how often sidecars send heartbeats, s (a node silent 3 intervals turns LOST)")
+    parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
+                        help="placement policy by name, as in `rollmux place` and `rollmux sim` [default: rollmux]")
+    parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
+    parser.add_argument("--catalog", help="YAML GPU catalog overrides ({gpus: {NAME: {tflops, hbm_gb, hbm_tb_s, "
+                                          "usd_per_gpu_h}}}); nodes must report a GPU type it lists")
+    parser.add_argument("--rollout-gpu", default="H20", help="GPU type of new rollout nodes the policy plans with")
+    parser.add_argument("--train-gpu", default="H800", help="GPU type of new training nodes the policy plans with")
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--max-nodes-per-job", type=int, default=1024,
+                        help="most nodes one job may ask for in either pool (bigger specs are refused)")
     parser.add_argument("--no-relayed-registration", action="store_true",
                         help="refuse job registrations relayed by node sidecars (then only the operator token "
                              "registers jobs)")
@@ -53,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from rollmux.coordinator.service.auth import read_secret
     from rollmux.coordinator.service.server import Running, ServerOptions, serve
     from rollmux.errors import SpecError
-    from rollmux.model import ClusterSpec
+    from rollmux.model import ClusterSpec, GpuCatalog
 
     logs.setup(args.log_level, args.log_format)
     if not args.redis and not args.embedded:
@@ -71,9 +82,13 @@ def run(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert, tls_key=args.tls_key,
             config=ServiceConfig(lease_ttl_s=args.lease_ttl, max_wait_s=args.max_wait,
                                  migration_threshold=args.migration_threshold,
+                                 heartbeat_interval_s=args.heartbeat_interval,
+                                 max_nodes_per_job=args.max_nodes_per_job,
                                  relayed_registration=not args.no_relayed_registration),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
-                                gpus_per_node=args.gpus_per_node))
+                                gpus_per_node=args.gpus_per_node,
+                                catalog=GpuCatalog.from_yaml(args.catalog) if args.catalog else GpuCatalog.default()),
+            policy=args.policy, max_group_size=args.max_group_size)
     except (SpecError, ValueError) as exc:
         print(f"rollmux coordinator: {exc}", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ from rollmux.coordinator.service.api import (
     UnauthenticatedError,
 )
 from rollmux.errors import RollMuxError
-from rollmux.model import JobSpec, Phase, Pool
+from rollmux.model import JobSpec, Lease, Migration, Phase, Pool
 from rollmux.proto import convert
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
@@ -73,26 +73,11 @@ def _error(exc: grpc.RpcError) -> ServiceError:
     return err
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Permit:
-    """A granted run permit: the lease on `nodes` for one phase, fenced by `epoch`."""
+Permit = Lease
+"""A granted run permit (the one permit type, `rollmux.model.Lease`)."""
 
-    job: str
-    phase: Phase
-    iteration: int
-    epoch: int  # fencing token; carry it on every renew, release and progress report
-    nodes: tuple[str, ...]
-    ttl_s: float  # renew well within this (the client's `hold` renews every ttl/4)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MigrationDirective:
-    """Long-tail migration: move the remaining requests onto `keep_nodes`, stop using `release_nodes`."""
-
-    job: str
-    epoch: int
-    keep_nodes: tuple[str, ...]
-    release_nodes: tuple[str, ...]
+MigrationDirective = Migration
+"""A long-tail migration directive (the one migration type, `rollmux.model.Migration`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from rollmux.coordinator.policy import RollMuxPolicy
+from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.service.api import (
+    NodeState,
     NotReadyError,
     PermitState,
     ServiceConfig,
@@ -46,11 +49,12 @@ class Coordinator:
         owner: this instance's name in the leadership lease (a restarted instance with the same
             name takes over at once; a standby with another name waits for the lease to lapse).
         clock: monotonic seconds (injectable for tests).
+        policy: the placement policy (default: RollMux's; `policy.api.create_policy` builds any by name).
     """
 
     def __init__(self, store: Store, *, cluster: ClusterSpec | None = None, config: ServiceConfig | None = None,
                  owner: str = "coordinator", leader_ttl_s: float = 5.0, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, policy: PlacementPolicy | None = None) -> None:
         self.store = store
         self.cluster = cluster or ClusterSpec()
         self.config = config or ServiceConfig()
@@ -58,10 +62,11 @@ class Coordinator:
         self.leader_ttl_s = leader_ttl_s
         self.metrics = metrics or create_metrics()
         self.clock = clock
+        self.policy = policy or RollMuxPolicy()
         self._commits_ok = self.metrics.store_commits.labels(outcome="ok")
         granted = self.metrics.permits_granted
         self._granted = {True: granted.labels(pool="rollout"), False: granted.labels(pool="train")}
-        self.rt = Runtime(self.cluster, self.config, clock=clock, wall=time.time)
+        self.rt = Runtime(self.cluster, self.config, clock=clock, wall=time.time, policy=self.policy)
         self.fence = 0
         self.ready = False
         self.not_ready_reason = "starting"
@@ -133,7 +138,8 @@ class Coordinator:
                 else:
                     self.fence = fence
                     records = await self.store.load()
-                    rt = Runtime.from_records(records, self.cluster, self.config, clock=self.clock, wall=time.time)
+                    rt = Runtime.from_records(records, self.cluster, self.config, clock=self.clock, wall=time.time,
+                                              policy=self.policy)
                     for node_id in self._streams:
                         if node_id in rt.nodes:
                             rt.node_connected(node_id)
@@ -216,6 +222,8 @@ class Coordinator:
                     self.metrics.bubble_seconds.labels(pool=node.pool.value).inc(dt)
             for pool, n in qlen.items():
                 self.metrics.queue_length.labels(pool=pool.value).set(n)
+                self.metrics.pool_nodes.labels(pool=pool.value).set(
+                    sum(nd.pool is pool and nd.state is NodeState.READY for nd in rt.nodes.values()))
             self.metrics.provisioned_usd_per_h.set(rt.placement.usd_per_h)
             for state in ("pending", "admitted"):
                 self.metrics.jobs.labels(state=state).set(sum(j.state.value == state for j in rt.jobs.values()))

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+POOLS = ("rollout", "train")  # label values of {pool}
+REVOKE_REASONS = ("expired", "removed")  # label values of rollmux_permits_revoked_total{reason}
+COMMIT_OUTCOMES = ("ok", "failed")  # label values of rollmux_store_commits_total{outcome}
 GRANT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -25,6 +28,7 @@ class Metrics:
     provisioned_usd_per_h: Gauge  # rollmux_provisioned_usd_per_hour: Cost of all groups
     jobs: Gauge  # rollmux_jobs{state}
     nodes: Gauge  # rollmux_nodes{state}
+    pool_nodes: Gauge  # rollmux_pool_nodes{pool}: READY nodes per pool (the bubble fraction's denominator)
     store_commits: Counter  # rollmux_store_commits_total{outcome}
     ready: Gauge  # rollmux_ready: 1 when serving
     build_info: Gauge  # rollmux_build_info{version}
@@ -49,10 +53,20 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
                                     registry=r),
         jobs=Gauge("rollmux_jobs", "Registered jobs", ["state"], registry=r),
         nodes=Gauge("rollmux_nodes", "Registered nodes", ["state"], registry=r),
+        pool_nodes=Gauge("rollmux_pool_nodes", "READY nodes per pool", ["pool"], registry=r),
         store_commits=Counter("rollmux_store_commits_total", "Batched state-store commits", ["outcome"],
                               registry=r),
         ready=Gauge("rollmux_ready", "1 when the coordinator serves requests", registry=r),
         build_info=Gauge("rollmux_build_info", "Build information", ["version"], registry=r),
     )
     m.build_info.labels(version=version).set(1)
+    # Every known label value exported from the start (at 0), so rate() and alerts see a series
+    # before the first event instead of no data.
+    for pool in POOLS:
+        for family in (m.permits_granted, m.permits_released, m.bubble_seconds, m.queue_length, m.pool_nodes):
+            family.labels(pool=pool)
+    for reason in REVOKE_REASONS:
+        m.permits_revoked.labels(reason=reason)
+    for outcome in COMMIT_OUTCOMES:
+        m.store_commits.labels(outcome=outcome)
     return m

@@ -9,7 +9,7 @@ through `states.transition`. Records serialise to compact JSON under one key eac
 | ``node/<id>``     | `NodeRecord`                                                 |
 | ``job/<name>``    | `JobRecord` (spec, token hash, admission, placement)         |
 | ``permit/<name>`` | `PermitRecord` (the job's current phase, lease, estimates)   |
-| ``queue/<node>``  | FIFO of job names waiting for that node                      |
+| ``served/<node>`` | the job whose round-robin turn on that node ended last       |
 | ``group/<gid>``   | `GroupRecord` (round-robin member order, nodes)              |
 """
 
@@ -100,8 +100,7 @@ class JobRecord:
     seq: int  # arrival order
     state: JobState = JobState.PENDING
     group_id: str = ""
-    rollout_nodes: tuple[str, ...] = ()
-    train_nodes: tuple[str, ...] = ()
+    rollout_nodes: tuple[str, ...] = ()  # its pins, as placed (the group record holds the training nodes)
     placement: str = ""  # the policy's explanation
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
     history: list = field(default_factory=list)
@@ -113,7 +112,7 @@ class JobRecord:
         return dumps({"name": self.name, "spec": spec_to_dict(self.spec), "token_sha256": self.token_sha256,
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
-                      "train_nodes": list(self.train_nodes), "placement": self.placement,
+                      "placement": self.placement,
                       "relayed_by": self.relayed_by, "history": self.history})
 
     @classmethod
@@ -122,7 +121,7 @@ class JobRecord:
         d["spec"] = spec_from_dict(d["spec"])
         d["state"] = JobState(d["state"])
         d["rollout_nodes"] = tuple(d["rollout_nodes"])
-        d["train_nodes"] = tuple(d["train_nodes"])
+        d.pop("train_nodes", None)  # stored by earlier versions; the group record holds them
         return cls(**d)
 
 

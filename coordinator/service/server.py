@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from rollmux.coordinator.policy.api import PolicyConfig, create_policy
 from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
@@ -49,6 +50,8 @@ class ServerOptions:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     config: ServiceConfig = field(default_factory=ServiceConfig)
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    policy: str = "rollmux"  # placement policy by name (policy.api.ONLINE_POLICIES)
+    max_group_size: int = 5  # most jobs per co-execution group
 
 
 @dataclass(slots=True)
@@ -84,8 +87,9 @@ async def start(opts: ServerOptions, store: Store | None = None) -> Running:
                          f"{opts.config.max_request_bytes}, or oversized requests get RESOURCE_EXHAUSTED "
                          "instead of INVALID_ARGUMENT")
     store = store or make_store(opts)
+    policy = create_policy(opts.policy, config=PolicyConfig(max_group_size=opts.max_group_size))
     core = Coordinator(store, cluster=opts.cluster, config=opts.config, owner=opts.owner,
-                       leader_ttl_s=opts.leader_ttl_s)
+                       leader_ttl_s=opts.leader_ttl_s, policy=policy)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_message_bytes),
                                       ("grpc.max_send_message_length", MAX_SEND_BYTES),
                                       ("grpc.so_reuseport", 0)])

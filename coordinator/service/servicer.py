@@ -439,8 +439,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStatus:
     job = rt.job(name)
     ttl = rt.config.lease_ttl_s if ttl_s is None else ttl_s
-    msg = pb.JobStatus(job=name, state=job.state.value, group_id=job.group_id, rollout_nodes=job.rollout_nodes,
-                       train_nodes=job.train_nodes, placement=job.placement, relayed_by=job.relayed_by)
+    msg = pb.JobStatus(job=name, state=job.state.value, group_id=job.group_id, rollout_nodes=rt.phase_nodes(job, Phase.ROLLOUT),
+                       train_nodes=rt.phase_nodes(job, Phase.TRAIN), placement=job.placement,
+                       relayed_by=job.relayed_by)
     permit = rt.permits.get(name)
     if permit is None:
         msg.next_phase, msg.next_iteration, msg.permit_state = pb.PHASE_ROLLOUT, 0, "pending-admission"
@@ -456,10 +457,7 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStat
 
 
 def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> pb.ClusterStateResponse:
-    node_group = {}
-    for g in rt.groups.values():
-        for n in (*g.train_nodes, *g.rollout_nodes):
-            node_group[n] = g.group_id
+    node_group = rt.placement.node_group
     resp = pb.ClusterStateResponse(ready=ready, leader_fence=fence, pending=rt.pending(),
                                    usd_per_h=rt.placement.usd_per_h)
     for node in sorted(rt.nodes.values(), key=lambda n: (n.pool.value, n.node_id)):

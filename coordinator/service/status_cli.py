@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 HELP = "Show the coordinator's groups, jobs, per-node queues and leases."
 
@@ -17,6 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"HOST:PORT[,HOST:PORT] (${env.COORDINATOR})")
     parser.add_argument("--token", default=os.environ.get(env.TOKEN), help=f"operator token (${env.TOKEN})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--tls-ca", default=None, help="PEM CA certificate of a coordinator serving TLS")
     parser.add_argument("--timeout", type=float, default=5.0, help="give up after this many seconds")
 
 
@@ -33,7 +35,13 @@ def run(args: argparse.Namespace) -> int:
     from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.proto import convert
 
-    client = CoordinatorClient(args.coordinator.split(","), token=args.token, retry_s=args.timeout)
+    try:
+        root_certificates = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+    except OSError as exc:
+        print(f"rollmux status: cannot read --tls-ca {args.tls_ca}: {exc.strerror}", file=sys.stderr)
+        return 2
+    client = CoordinatorClient(args.coordinator.split(","), token=args.token, retry_s=args.timeout,
+                               root_certificates=root_certificates)
     try:
         state = client.cluster_state()
     except ServiceError as exc:

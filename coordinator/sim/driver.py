@@ -2,9 +2,9 @@
 
 The driver is the coordinator's loop with a virtual clock: at each arrival it asks the *same*
 `PlacementPolicy` the live coordinator uses for a decision and applies it to a `ClusterState`;
-between events each group runs the round-robin meta-iteration schedule of
-`policy.intra_group.simulate_round_robin`, fed with the runtime model's per-iteration phase
-times. Membership changes (an arrival joins a group, a job finishes) end the group's current
+between events each group runs the round-robin meta-iteration schedule through the live
+coordinator's grant step (`policy.executor.run_schedule` over `policy.grants.grant_step`), fed
+with the runtime model's per-iteration phase times. Membership changes (an arrival joins a group, a job finishes) end the group's current
 segment: each member keeps the work it has done, including a partly run phase, and a new
 segment starts from there. Groups provision their nodes when created and release them when
 they empty, so cost is piecewise constant between events.
@@ -22,13 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.policy.intra_group import (
-    MemberTiming,
-    PhaseInterval,
-    PhaseTimeFn,
-    ReleaseFn,
-    simulate_round_robin,
-)
+from rollmux.coordinator.policy.executor import run_schedule
+from rollmux.coordinator.policy.intra_group import MemberTiming, PhaseInterval, PhaseTimeFn, ReleaseFn
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.coordinator.sim.api import (
     JobOutcome,
@@ -126,8 +121,8 @@ class _Replay:
         timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes)
                    for j in members]
         phase_time, release = self._phase_time_fn(group, members)
-        result = simulate_round_robin(timings, iterations=n_iter, phase_time=phase_time, record=True,
-                                      rollout_release=release)
+        result = run_schedule(timings, iterations=n_iter, phase_time=phase_time, record=True,
+                              rollout_release=release)
         seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus,
                        by_job={j: [] for j in members})
         for iv in result.intervals:
@@ -167,9 +162,12 @@ class _Replay:
             value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + sw_train[idx]
             return max(0.0, value - train_done[idx]) if it == 0 else value
 
+        rule = cfg.migration_rule
+        gpus = [self.specs[j].n_rollout_gpus for j in members]
+
         def release(idx: int, it: int) -> float:
             # Long-tail migration: the nodes pass on once the rollout is tail-bound (runtime.py).
-            value = sw_roll[idx] + draws[idx].release_s(base[idx] + it, cfg.tail_gpu_share)
+            value = sw_roll[idx] + draws[idx].release_s(base[idx] + it, rule, gpus[idx])
             return max(0.0, value - roll_done[idx]) if it == 0 else value
 
         return phase_time, (release if cfg.migration and any(shares) else None)
@@ -210,14 +208,15 @@ class _Replay:
                 self._finish(j, gid, t)
 
     def _account_busy(self, iv: PhaseInterval, t: float, train_gpus: int, gpn: int) -> None:
-        """GPU-seconds the phase ran before `t`; a migrated tail only keeps `tail_gpu_share` of its GPUs."""
+        """GPU-seconds the phase ran before `t`; a migrated tail only keeps its rule's share of its GPUs."""
         if iv.phase is Phase.TRAIN:
             self.busy[Pool.TRAIN.value] += (min(iv.end_s, t) - iv.start_s) * train_gpus
             return
         gpus = len(iv.nodes) * gpn
         head_end = min(iv.end_s if iv.released_s is None else iv.released_s, t)
         tail = max(0.0, min(iv.end_s, t) - head_end)
-        self.busy[Pool.ROLLOUT.value] += (head_end - iv.start_s) * gpus + tail * gpus * self.ctx.runtime.tail_gpu_share
+        share = self.ctx.runtime.migration_rule.kept_share(self.specs[iv.job].n_rollout_gpus)
+        self.busy[Pool.ROLLOUT.value] += (head_end - iv.start_s) * gpus + tail * gpus * share
 
     def _finish(self, job_id: str, gid: str, t: float) -> None:
         job = self.trace[job_id]

@@ -10,8 +10,9 @@ Planning uses worst-case times (every response at max tokens). At runtime:
 - Training time follows the tokens actually generated: a fixed share (optimizer step, prompt
   tokens, sync) plus a share proportional to the mean response length.
 - Long-tail migration (paper §4.3, Fig. 7): once `tail_fraction` of the responses are done, the
-  remaining requests are consolidated onto `tail_gpu_share` of the job's rollout GPUs and its
-  nodes pass to the next rollout in their queues (`intra_group.simulate_round_robin`'s
+  remaining requests are consolidated onto `tail_gpu_share` of the job's rollout GPUs (the one
+  rule of `policy.migration`, which the live coordinator applies to whole nodes) and its
+  nodes pass to the next rollout in their turn (`policy.executor.run_schedule`'s
   `rollout_release` hook); the job's own Train still starts when its last response ends. The tail
   keeps running on those few GPUs, so the release is delayed by the GPU-time it still uses
   (tail seconds x `tail_gpu_share`): a work-conserving charge to the next rollout, which runs on
@@ -32,6 +33,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from rollmux.coordinator.policy.migration import MigrationRule
 from rollmux.coordinator.sim.api import TraceJob
 from rollmux.errors import SpecError
 
@@ -60,6 +62,11 @@ class RuntimeConfig:
     intra_link_gb_s: float = 50.0  # intra-cluster fabric (400 Gbps), GB/s
     bytes_per_param: int = 2  # BF16 weights
 
+    @property
+    def migration_rule(self) -> MigrationRule:
+        """The long-tail migration rule, shared with the live coordinator (`policy.migration`)."""
+        return MigrationRule(threshold=self.tail_fraction, tail_share=self.tail_gpu_share)
+
     def __post_init__(self) -> None:
         for name in ("tail_fraction", "tail_gpu_share", "length_median_frac", "train_fixed_frac"):
             v = getattr(self, name)
@@ -85,10 +92,9 @@ class JobDraws:
     cold_train_s: float  # cold start of the training actors
     two_stage_sync_s: float  # the sync share of the worst-case train time
 
-    def release_s(self, it: int, tail_gpu_share: float) -> float:
-        """When iteration `it`'s rollout can hand its nodes on under long-tail migration (s from its start)."""
-        tail = float(self.roll_s[it] - self.roll_tail_s[it])
-        return float(self.roll_tail_s[it]) + tail_gpu_share * tail
+    def release_s(self, it: int, rule: MigrationRule, gpus: int) -> float:
+        """When iteration `it`'s rollout hands its nodes on under long-tail migration (s from its start)."""
+        return rule.release_after_s(float(self.roll_tail_s[it]), float(self.roll_s[it]), gpus)
 
     @property
     def solo_iteration_s(self) -> float:

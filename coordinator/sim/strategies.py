@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollmux.coordinator.policy.api import PolicyConfig
-from rollmux.coordinator.policy.baselines import MostIdlePolicy, OptPolicy, RandomPolicy, SoloDPolicy
+from rollmux.coordinator.policy.api import ONLINE_POLICIES, PolicyConfig, create_policy
+from rollmux.coordinator.policy.baselines import OptPolicy
 from rollmux.coordinator.policy.baselines.dedicated import colocated, gavel_plus
 from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
-from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.sim.api import SimContext, SimError, SimStrategy
 from rollmux.coordinator.sim.dedicated import DedicatedStrategy
 from rollmux.coordinator.sim.driver import GroupStrategy
@@ -25,14 +24,8 @@ def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimSt
         SimError: unknown name, or `opt` on more jobs than the offline optimum can solve.
     """
     config = PolicyConfig(max_group_size=ctx.max_group_size)
-    if name == "rollmux":
-        return GroupStrategy(name, RollMuxPolicy(config))
-    if name == "solo-d":
-        return GroupStrategy(name, SoloDPolicy())
-    if name == "random":
-        return GroupStrategy(name, RandomPolicy(config, seed=ctx.seed))
-    if name == "most-idle":
-        return GroupStrategy(name, MostIdlePolicy(config))
+    if name in ONLINE_POLICIES:  # by name, as `rollmux coordinator --policy` and `rollmux place --policy` build them
+        return GroupStrategy(name, create_policy(name, config=config, seed=ctx.seed))
     if name == "colocate":
         return DedicatedStrategy(name, colocated)
     if name == "gavel+":

@@ -113,3 +113,32 @@ def test_killed_rank_frees_the_node(coordinator, make_node) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_last_rank_detaching_mid_phase_abandons_the_lease(coordinator, make_node) -> None:
+    """Found by the sidecar fuzz test: the sidecar kept renewing such a lease forever (node blocked)."""
+    node = make_node("r0", Pool.ROLLOUT)
+    make_node("t0", Pool.TRAIN)
+    token = register(coordinator, "job-d")
+    rank = Rank(node.socket, "job-d", token, 0)
+    rank.acquire("rollout", 0)
+    rank.stub.Detach(spb.DetachRequest(rank_id=rank.rank_id, job_done=False), timeout=WAIT_S)
+    assert "permit_abandoned" in " ".join(node.agent.status()["events"])
+    assert node.agent.active_epochs() == []  # heartbeats no longer renew it
+    wait_for(lambda: holder(coordinator, "r0") == "", "the abandoned lease to lapse (TTL 5 s)", 15.0)
+
+
+def test_release_duration_is_capped_by_the_time_the_node_held_the_permit(coordinator, make_node) -> None:
+    """Found by the sidecar fuzz test: the coordinator refused an overlong duration after the sidecar
+    had already cleared the permit locally; now the sidecar caps it and the release goes through."""
+    node = make_node("r0", Pool.ROLLOUT)
+    make_node("t0", Pool.TRAIN)
+    token = register(coordinator, "job-c")
+    rank = Rank(node.socket, "job-c", token, 0)
+    lease = rank.acquire("rollout", 0)
+    resp = rank.stub.Release(spb.ReleaseRequest(rank_id=rank.rank_id, epoch=lease.epoch, duration_s=80_000.0),
+                             timeout=WAIT_S)
+    assert resp.node_released and holder(coordinator, "r0") == ""
+    status = CoordinatorClient(coordinator.address).job("job-c", token)
+    jobs = {j.job: j for j in CoordinatorClient(coordinator.address).cluster_state().jobs}
+    assert status.status().next_phase.value == "train" and jobs["job-c"].observed_roll_s < 10.0

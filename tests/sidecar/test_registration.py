@@ -11,7 +11,7 @@ import pytest
 
 from rollmux.coordinator.service import auth
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Pool
 from rollmux.sidecar import env, registration, shim
@@ -58,9 +58,11 @@ def secured(sockdir: Path) -> Iterator[tuple[ThreadedServer, Sidecar]]:
     side = Sidecar(srv, str(sockdir / "r0.sock"), token=auth.node_token(SECRET, "r0"),
                    event_log=str(sockdir / "events.jsonl"))
     assert side.agent.wait_connected(30)
-    operator(srv).register_node("t0", Pool.TRAIN, gpu_type="H800", gpu_count=1, host_dram_bytes=1 << 40,
-                                token=auth.node_token(SECRET, "t0"))  # a training node, so jobs are admitted
+    train = NodeSession(operator(srv), "t0", Pool.TRAIN, gpu_type="H800", gpu_count=1, host_dram_bytes=1 << 40,
+                        token=auth.node_token(SECRET, "t0"), heartbeat_s=0.2).start()  # so jobs are admitted
+    assert train.connected.wait(30)
     yield srv, side
+    train.stop()
     side.stop()
     srv.stop()
     registration._clear()

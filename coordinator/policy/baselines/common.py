@@ -17,14 +17,16 @@ from rollmux.model import ClusterSpec, JobSpec, Pool
 def has_room(group: GroupState, job: JobSpec, config: PolicyConfig) -> bool:
     """Group size, training-pool size and training-node DRAM allow `job` (strict, as Algorithm 1)."""
     assert job.train_state_bytes is not None
-    return (len(group.members) < config.max_group_size and job.n_train_gpus <= group.train_gpus
+    return (group.train_available and len(group.members) < config.max_group_size
+            and job.n_train_gpus <= group.train_gpus
             and group.train_dram_used_bytes + job.train_state_bytes < group.train_dram_bytes)
 
 
 def roomy_nodes(group: GroupState, job: JobSpec) -> list[RolloutNodeState]:
     """Rollout nodes of `group` whose host DRAM still fits the job's rollout state, in node order."""
     assert job.rollout_state_bytes is not None
-    return [n for n in group.rollout.values() if n.dram_used_bytes + job.rollout_state_bytes < n.host_dram_bytes]
+    return [n for n in group.rollout.values()
+            if n.available and n.dram_used_bytes + job.rollout_state_bytes < n.host_dram_bytes]
 
 
 def isolated(job: JobSpec, cluster: ClusterSpec) -> PlacementDecision:

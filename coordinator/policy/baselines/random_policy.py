@@ -18,7 +18,7 @@ from rollmux.model import JobSpec
 class RandomPolicy:
     name = "random"
 
-    def __init__(self, config: PolicyConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, config: PolicyConfig | None = None, seed: int = 0, **_: object) -> None:
         self.config = config or PolicyConfig()
         self.seed = seed
 

@@ -1,9 +1,20 @@
-"""Job registration, admission (placement by the policy onto free nodes) and removal."""
+"""Job registration, admission (placement by the policy onto free nodes) and removal.
+
+Admission has no head-of-line blocking: every pending job the free nodes can host is admitted, in
+arrival order, and one that must wait never holds back a later one that fits. A spec that no set
+of nodes could ever hold is refused at registration, naming the limit.
+"""
 
 from __future__ import annotations
 
 from rollmux.coordinator.policy.state import GroupState
-from rollmux.coordinator.service.api import AlreadyExistsError, JobState, NodeState, PermitState
+from rollmux.coordinator.service.api import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    JobState,
+    NodeState,
+    PermitState,
+)
 from rollmux.coordinator.service.records import GroupRecord, JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
@@ -22,6 +33,7 @@ class Admission(GrantQueues):
 
         Raises:
             AlreadyExistsError: the name is taken by a registration with another nonce.
+            InvalidArgumentError: no set of nodes could ever hold the job.
         """
         existing = self.jobs.get(spec.name)
         if existing is not None:
@@ -31,6 +43,7 @@ class Admission(GrantQueues):
             existing.token_sha256 = token_sha256
             self._touch(f"job/{spec.name}", existing)
             return existing, True
+        self._check_can_ever_fit(spec)
         self.meta.seq += 1
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
                         seq=self.meta.seq, relayed_by=relayed_by)
@@ -40,26 +53,43 @@ class Admission(GrantQueues):
         self.try_admit()
         return job, False
 
-    def _free_nodes(self, pool: Pool) -> list[str]:
-        used: set[str] = set()
-        for g in self.groups.values():
-            used.update(g.train_nodes)
-            used.update(g.rollout_nodes)
+    def _check_can_ever_fit(self, spec: JobSpec) -> None:
+        cluster, limit = self.cluster, self.config.max_nodes_per_job
+        for pool, gpus in ((Pool.ROLLOUT, spec.n_rollout_gpus), (Pool.TRAIN, spec.n_train_gpus)):
+            nodes = cluster.nodes_for(gpus)
+            if nodes > limit:
+                raise InvalidArgumentError(
+                    f"job {spec.name!r} asks for {gpus} {pool.value} GPUs = {nodes} nodes of {cluster.gpus_per_node}, "
+                    f"over the limit of {limit} nodes per pool (max_nodes_per_job): no node set could ever "
+                    "hold it; ask for fewer GPUs")
+        for pool, state in ((Pool.ROLLOUT, spec.rollout_state_bytes), (Pool.TRAIN, spec.train_state_bytes)):
+            dram = self._largest_dram(pool)
+            if state is not None and state >= dram:
+                raise InvalidArgumentError(
+                    f"job {spec.name!r} {pool.value} state of {state} bytes per node does not fit the host DRAM "
+                    f"of any {pool.value} node (largest {dram} bytes): no node could ever hold it")
+
+    def _largest_dram(self, pool: Pool) -> int:
+        return max([self.cluster.host_dram_bytes,
+                    *(n.host_dram_bytes for n in self.nodes.values() if n.pool is pool)])
+
+    def _free_nodes(self, pool: Pool, state_bytes: int) -> list[str]:
+        """READY nodes of `pool` in no group whose host DRAM holds `state_bytes`."""
+        used = self.placement.node_group
         return sorted(n.node_id for n in self.nodes.values()
-                      if n.pool is pool and n.state is NodeState.READY and n.node_id not in used)
+                      if n.pool is pool and n.state is NodeState.READY and n.node_id not in used
+                      and state_bytes < n.host_dram_bytes)
 
     def try_admit(self) -> list[str]:
-        """Admit pending jobs strictly in arrival order while the free nodes can host them."""
-        admitted = []
-        for name in self.pending():
-            if not self._admit(self.jobs[name]):
-                break  # head-of-line: later arrivals wait for the earlier one
-            admitted.append(name)
-        return admitted
+        """Admit every pending job the free nodes can host now, in arrival order (no head-of-line
+        blocking: a job that must wait never holds back a later one that fits)."""
+        return [name for name in self.pending() if self._admit(self.jobs[name])]
 
     def _admit(self, job: JobRecord) -> bool:
         decision = self.policy.place(job.spec, self.placement)
-        free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT), Pool.TRAIN: self._free_nodes(Pool.TRAIN)}
+        spec = job.spec
+        free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
+                Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
         if len(free[Pool.ROLLOUT]) < decision.new_rollout_nodes or len(free[Pool.TRAIN]) < decision.new_train_nodes:
             return False
 
@@ -68,29 +98,22 @@ class Admission(GrantQueues):
             return taken
 
         group = self.placement.apply(job.spec, decision, allocate=allocate)
-        member = group.members[job.name]
-        job.group_id, job.rollout_nodes, job.train_nodes = group.group_id, member.rollout_nodes, group.train_nodes
+        job.group_id, job.rollout_nodes = group.group_id, group.members[job.name].rollout_nodes
         job.placement = decision.explain()
         transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.wall(), reason=f"placed in {group.group_id}")
         self._sync_group(group.group_id)
         self._touch(f"job/{job.name}", job)
         permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
         self.permits[job.name] = permit
-        self._enqueue(permit, job)
+        self._enqueue(permit)
         self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
         self._pump(job.rollout_nodes)
         return True
 
     def _sync_group(self, gid: str) -> None:
+        """Store the group as the placement holds it (its stored form only; no copy in memory)."""
         g: GroupState | None = self.placement.groups.get(gid)
-        if g is None:
-            self.groups.pop(gid, None)
-            self._dirty[f"group/{gid}"] = lambda: None
-            return
-        rec = GroupRecord(group_id=gid, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
-                          members=tuple(g.members))
-        self.groups[gid] = rec
-        self._touch(f"group/{gid}", rec)
+        self._touch(f"group/{gid}", None if g is None else group_record(g))
 
     def remove_job(self, name: str, *, reason: str) -> list[str]:
         """Remove a job in any state; revokes its lease. Returns the nodes its group released."""
@@ -100,14 +123,18 @@ class Admission(GrantQueues):
         if permit is not None:
             self._cancel_permit(permit, job, reason)
             self._dirty[f"permit/{name}"] = lambda: None
+        group_train = self.phase_nodes(job, Phase.TRAIN)
         if job.state is JobState.ADMITTED:
+            self._leave_rings(job)
             released = self.placement.remove_job(name)
+            for n in released:
+                self._set_served(n, None)
             self._sync_group(job.group_id)
         transition(job, JOB_TRANSITIONS, JobState.REMOVED, now=self.wall(), reason=reason)
         del self.jobs[name]
         self._dirty[f"job/{name}"] = lambda: None
         self._notify(Notice(kind=NoticeKind.JOB, job=name, reason=reason))
-        touched = set(job.rollout_nodes) | set(job.train_nodes)
+        touched = set(job.rollout_nodes) | set(group_train)
         self._pump(sorted(touched))
         self.try_admit()
         return released
@@ -118,7 +145,11 @@ class Admission(GrantQueues):
                 self._free_node(n)
             self._notify(Notice(kind=NoticeKind.REVOKED, job=job.name, nodes=permit.nodes,
                                 epoch=permit.epoch, reason=reason))
-        elif permit.state is PermitState.QUEUED:
-            self._dequeue(permit, job)
         transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.wall(), reason=reason)
 
+
+
+def group_record(g: GroupState) -> GroupRecord:
+    """The stored form of a group: its nodes and round-robin member order."""
+    return GroupRecord(group_id=g.group_id, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
+                       members=tuple(g.members))

@@ -1,33 +1,45 @@
-"""Per-node FIFO queues and grants: which queued phase gets its nodes, and the lease it gets.
+"""Grants: which waiting phase gets its nodes, decided by the policy's grant step, and the lease it gets.
 
-A job's phase waits in the FIFO queue of every node it needs: Rollout on the job's pinned rollout
-nodes, Train and Sync on the group's training nodes. Sync continues Train: it goes to the head of the
-training queues, so nothing interleaves with it. A job is enqueued on all its nodes in one step, so
-any two jobs are in the same relative order in every queue they share: no cyclic wait. A grant holds
-every needed node with a lease (cluster-wide increasing epoch + TTL); at most one permit holds a node.
+A job's current phase waits (its permit QUEUED) for the nodes it needs: Rollout on the job's pinned
+rollout nodes, Train and Sync on the group's training nodes. On every node the group's jobs take
+turns in round-robin member order (`policy.grants`, the order the SLO check and the simulator
+assume); the job each node served last is stored (``served/<node>``), its turn follows. Train keeps the training turn for its
+Sync, so nothing interleaves with a job's Train and Sync. A job whose lease lapsed or was revoked is
+passed over until it asks again. A grant holds every needed node with a lease (cluster-wide
+increasing epoch + TTL); at most one permit holds a node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rollmux.coordinator.policy.grants import (
+    PhaseRequest,
+    Ring,
+    grant_step,
+    group_rings,
+    served_after_leaving,
+)
 from rollmux.coordinator.service.api import NodeState, PermitState
 from rollmux.coordinator.service.records import JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_TRANSITIONS, transition
+from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, PERMIT_TRANSITIONS, transition
 from rollmux.model import Phase
 
 
 class GrantQueues(RuntimeState):
-    """Queueing phases on their nodes and granting queue heads whose nodes are all free."""
+    """Phases waiting for their nodes, and granting them in round-robin turn."""
 
     def _grantable(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
         if node is None or node_id in self.holder:
             return False
-        if node.state is not NodeState.READY:
-            return False
-        return not node.streams or node_id in self.connected
+        return self._usable(node_id)
+
+    def _usable(self, node_id: str) -> bool:
+        """Ready (which a node is only while its sidecar stream is connected)."""
+        node = self.nodes.get(node_id)
+        return node is not None and node.state is NodeState.READY and node_id in self.connected
 
     def _free_node(self, node_id: str) -> None:
         self.holder.pop(node_id, None)
@@ -38,46 +50,75 @@ class GrantQueues(RuntimeState):
             self._touch(f"node/{node_id}", node)
         self._notify(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
 
-    def _enqueue(self, permit: PermitRecord, job: JobRecord) -> None:
-        front = permit.phase is Phase.SYNC  # Sync continues Train on the training nodes
+    def _enqueue(self, permit: PermitRecord) -> None:
+        """The permit waits from now (grant latency counts from when its nodes are free after this)."""
         permit.queued_at = self.clock()
-        for n in self.phase_nodes(job, permit.phase):
-            q = self.queues.setdefault(n, [])
-            q.insert(0, job.name) if front else q.append(job.name)
-            self._touch_queue(n)
 
-    def _dequeue(self, permit: PermitRecord, job: JobRecord) -> None:
-        for n in self.phase_nodes(job, permit.phase):
-            q = self.queues.get(n)
-            if q and job.name in q:
-                q.remove(job.name)
-                if not q:
-                    del self.queues[n]
-                self._touch_queue(n)
+    def rings(self, gid: str) -> dict[str, Ring]:
+        """The round-robin rings of a group's nodes with their current turns."""
+        return group_rings(self.placement.groups[gid], self.served)
+
+    def waiting(self, node_id: str) -> list[str]:
+        """Jobs whose queued phase needs `node_id`, in turn order from the current turn."""
+        gid = self.placement.node_group.get(node_id)
+        ring = self.rings(gid).get(node_id) if gid is not None else None
+        if ring is None:
+            return []
+        start = ring.order.index(ring.turn)
+        order = ring.order[start:] + ring.order[:start]
+        return [j for j in order if (p := self.permits.get(j)) is not None and p.state is PermitState.QUEUED
+                and node_id in self.phase_nodes(self.jobs[j], p.phase)]
+
+    @property
+    def queues(self) -> dict[str, list[str]]:
+        """node -> jobs waiting for it (derived; for status and metrics)."""
+        out = {n: self.waiting(n) for n in self.placement.node_group}
+        return {n: q for n, q in out.items() if q}
 
     def _pump(self, nodes: Iterable[str]) -> None:
-        """Grant every queue head whose nodes are all free, ready and headed by it.
+        """Run the grant step in every group the touched nodes serve."""
+        gids = dict.fromkeys(g for n in nodes if (g := self.placement.node_group.get(n)) is not None)
+        for gid in gids:
+            self._grant_in_group(gid)
 
-        A grant only consumes nodes, so one pass over the heads of the touched nodes suffices.
-        """
-        for n in list(dict.fromkeys(nodes)):
-            q = self.queues.get(n)
-            if not q:
+    def _grant_in_group(self, gid: str) -> None:
+        group = self.placement.groups[gid]
+        rings = self.rings(gid)
+        requests: dict[str, PhaseRequest] = {}
+        skip = []
+        for name in group.members:
+            permit = self.permits.get(name)
+            if permit is None:
                 continue
-            job = self.jobs[q[0]]
-            permit = self.permits[job.name]
-            needed = self.phase_nodes(job, permit.phase)
-            if all(self.queues.get(m, [None])[0] == job.name and self._grantable(m) for m in needed):
-                self._grant(permit, job, needed)
+            if permit.state is PermitState.QUEUED:
+                requests[name] = PhaseRequest(job=name, nodes=self.phase_nodes(self.jobs[name], permit.phase),
+                                              keeps_turn=permit.phase is Phase.TRAIN)
+            elif permit.state in PERMIT_PARKED:
+                skip.append(name)
+        usable = [n for n in rings if self._usable(n)]
+        step = grant_step(rings, self.holder, requests, usable=usable, skip=skip)
+        for node_id, job in step.served.items():
+            self._set_served(node_id, job)
+        for g in step.grants:
+            self._grant(self.permits[g.job], self.jobs[g.job], g.nodes)
+
+    def _set_served(self, node_id: str, job: str | None) -> None:
+        if job is None:
+            self.served.pop(node_id, None)
+        else:
+            self.served[node_id] = job
+        self._touch_served(node_id)
+
+    def _leave_rings(self, job: JobRecord) -> None:
+        """Pass on the turns a leaving job holds (before the policy forgets it)."""
+        for node_id, ring in self.rings(job.group_id).items():
+            if job.name in ring.order:
+                self._set_served(node_id, served_after_leaving(ring, job.name))
 
     def _grant(self, permit: PermitRecord, job: JobRecord, needed: tuple[str, ...]) -> None:
         self.meta.epoch += 1
         self._touch("meta", self.meta)
         for m in needed:
-            self.queues[m].pop(0)
-            if not self.queues[m]:
-                del self.queues[m]
-            self._touch_queue(m)
             self.holder[m] = job.name
         transition(permit, PERMIT_TRANSITIONS, PermitState.GRANTED, now=self.wall(),
                    reason=f"epoch {self.meta.epoch}")
@@ -86,4 +127,3 @@ class GrantQueues(RuntimeState):
         permit.grantable_at = max([permit.queued_at, *(self.freed_at.get(m, 0.0) for m in needed)])
         self._touch(f"permit/{job.name}", permit)
         self._notify(Notice(kind=NoticeKind.GRANTED, job=job.name, nodes=needed, epoch=permit.epoch))
-

@@ -44,7 +44,7 @@ class Leases(NodeLiveness):
         elif permit.state in PERMIT_PARKED:
             transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.wall(), reason="asked again")
             self._touch(f"permit/{name}", permit)
-            self._enqueue(permit, job)
+            self._enqueue(permit)
             self._pump(self.phase_nodes(job, phase))
         return permit
 
@@ -93,7 +93,7 @@ class Leases(NodeLiveness):
                            observed_roll_s=roll, observed_train_s=train)
         self.permits[name] = nxt
         self._touch(f"permit/{name}", nxt)
-        self._enqueue(nxt, job)
+        self._enqueue(nxt)
         self._pump(list(freed) + list(self.phase_nodes(job, phase)))
         return ReleaseResult(next_phase=phase, next_iteration=it, already_released=False)
 

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from rollmux.coordinator.service.api import FailedPreconditionError, InvalidArgumentError
 from rollmux.coordinator.service.runtime.leases import Leases
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
-from rollmux.model import Phase
+from rollmux.model import Migration, Phase
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MigrationDecision:
-    job: str
-    epoch: int
-    keep_nodes: tuple[str, ...]
-    release_nodes: tuple[str, ...]
-
-
-
-class Migration(Leases):
+class LongTailMigration(Leases):
     """Consolidating a rollout onto fewer nodes once it is tail-bound."""
 
-    def report_progress(self, name: str, epoch: int, finished: int, total: int) -> MigrationDecision | None:
+    def report_progress(self, name: str, epoch: int, finished: int, total: int) -> Migration | None:
         """Record rollout progress; once tail-bound, consolidate onto a few nodes (long-tail migration)."""
         if total <= 0 or finished < 0 or finished > total:
             raise InvalidArgumentError(f"progress finished={finished} total={total} is invalid: "
@@ -34,19 +22,19 @@ class Migration(Leases):
                                           f"{permit.phase.value}({permit.iteration}): report it during rollout")
         permit.expires_at = self.clock() + self.config.lease_ttl_s
         done = finished / total
-        if permit.migrated or done < self.config.migration_threshold or len(permit.nodes) < 2:
+        rule = self.config.migration_rule
+        if permit.migrated or not rule.tail_bound(finished, total) or len(permit.nodes) < 2:
             return None
-        waited = [n for n in permit.nodes if self.queues.get(n)]
-        if not waited:
-            return None  # nobody would use the freed nodes: keep running undisturbed
-        keep_n = min(len(permit.nodes) - 1, max(1, math.ceil(len(permit.nodes) * (1.0 - done))))
-        order = [n for n in permit.nodes if n not in waited] + waited
-        keep, release = tuple(sorted(order[:keep_n])), tuple(sorted(order[keep_n:]))
+        waited = [n for n in permit.nodes if any(j != name for j in self.waiting(n))]
+        plan = rule.plan(permit.nodes, waited)  # None: nobody would use the freed nodes
+        if plan is None:
+            return None
+        keep, release = plan
         permit.nodes, permit.migrated = keep, True
         self._touch(f"permit/{name}", permit)
         for n in release:
             self._free_node(n)
-        decision = MigrationDecision(job=name, epoch=epoch, keep_nodes=keep, release_nodes=release)
+        decision = Migration(job=name, epoch=epoch, keep_nodes=keep, release_nodes=release)
         self._notify(Notice(kind=NoticeKind.MIGRATE, job=name, nodes=keep + release, epoch=epoch,
                             keep_nodes=keep, release_nodes=release, reason=f"rollout {done:.0%} done"))
         self._pump(release)

@@ -1,7 +1,7 @@
 """The runtime's records, change tracking and lookups: the base every runtime part builds on.
 
 `RuntimeState` holds the cluster as the coordinator sees it (nodes, jobs, the policy's groups,
-per-node FIFO queues, permits and their leases). The parts in this package add the transitions on it,
+per-node round-robin turns, permits and their leases). The parts in this package add the transitions on it,
 one responsibility each (see `rollmux.coordinator.service.runtime`). A transition marks the records it
 changed dirty (`_touch`) and queues `Notice`s; the shell takes both with `take_changes`.
 """
@@ -14,8 +14,8 @@ from enum import Enum
 
 from rollmux.coordinator.policy import ClusterState, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.service.api import JobState, NotFoundError, ServiceConfig
-from rollmux.coordinator.service.records import GroupRecord, JobRecord, Meta, NodeRecord, PermitRecord, dumps
+from rollmux.coordinator.service.api import JobState, NodeState, NotFoundError, ServiceConfig
+from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord, dumps
 from rollmux.model import ClusterSpec, Phase
 
 Clock = Callable[[], float]
@@ -57,9 +57,8 @@ class RuntimeState:
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
         self.permits: dict[str, PermitRecord] = {}
-        self.queues: dict[str, list[str]] = {}
+        self.served: dict[str, str] = {}  # node -> job whose round-robin turn there ended last (policy.grants)
         self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
-        self.groups: dict[str, GroupRecord] = {}
         self.placement = ClusterState(cluster)
         self.connected: set[str] = set()  # nodes with an open sidecar stream (memory only)
         self.freed_at: dict[str, float] = {}  # node -> when its last permit ended (memory only)
@@ -78,10 +77,13 @@ class RuntimeState:
 
     def _touch(self, key: str, record: object | None) -> None:
         self._dirty[key] = (lambda: None) if record is None else record.to_json  # type: ignore[attr-defined]
+        if isinstance(record, NodeRecord):  # the policy's snapshot follows the node records
+            self.placement.set_node(record.node_id, host_dram_bytes=record.host_dram_bytes,
+                                    available=record.state is NodeState.READY)
 
-    def _touch_queue(self, node_id: str) -> None:
-        q = self.queues.get(node_id)
-        self._dirty[f"queue/{node_id}"] = (lambda: None) if not q else (lambda q=q: dumps(q))
+    def _touch_served(self, node_id: str) -> None:
+        job = self.served.get(node_id)
+        self._dirty[f"served/{node_id}"] = (lambda: None) if job is None else (lambda j=job: dumps(j))
 
     def _notify(self, notice: Notice) -> None:
         self._notices.append(notice)
@@ -108,4 +110,8 @@ class RuntimeState:
                       key=lambda n: self.jobs[n].seq)
 
     def phase_nodes(self, job: JobRecord, phase: Phase) -> tuple[str, ...]:
-        return job.rollout_nodes if phase is Phase.ROLLOUT else job.train_nodes
+        """The nodes `phase` of an admitted job runs on, from the placement (the one record of it)."""
+        group = self.placement.groups.get(job.group_id)
+        if group is None or job.name not in group.members:
+            return ()
+        return group.members[job.name].rollout_nodes if phase is Phase.ROLLOUT else group.train_nodes

@@ -1,7 +1,7 @@
 """A tiny job (or sidecar) process for the chaos test; its phases sleep. Not a test module.
 
     python chaos_worker.py job --coordinator ADDR --job NAME --token T --iterations N --log PATH
-    python chaos_worker.py sidecar --coordinator ADDR --node r0 --pool rollout
+    python chaos_worker.py sidecar --coordinator ADDR --node r0 [--node r1 ...] --pool rollout
 
 The job appends one line per event to the shared log (O_APPEND, one write per line):
 ``<t> start <job> <phase> <iter> <epoch> <nodes,>`` after a grant, ``<t> end ...`` before releasing,
@@ -50,10 +50,10 @@ def run_job(args: argparse.Namespace) -> int:
 
 def run_sidecar(args: argparse.Namespace) -> int:
     client = CoordinatorClient(args.coordinator, retry_s=60.0)
-    session = NodeSession(client, args.node, Pool(args.pool), gpu_type="H20" if args.pool == "rollout" else "H800",
-                          gpu_count=8, host_dram_bytes=2 * 10**12, heartbeat_s=0.2).start()
-    signal.signal(signal.SIGTERM, lambda *_: session.stop())
-    while session._thread.is_alive():  # noqa: SLF001
+    sessions = [NodeSession(client, node, Pool(args.pool), gpu_type="H20" if args.pool == "rollout" else "H800",
+                            gpu_count=8, host_dram_bytes=2 * 10**12, heartbeat_s=0.2).start() for node in args.node]
+    signal.signal(signal.SIGTERM, lambda *_: [s.stop() for s in sessions])
+    while any(s._thread.is_alive() for s in sessions):  # noqa: SLF001
         time.sleep(0.2)
     return 0
 
@@ -70,7 +70,7 @@ def main() -> int:
     j.add_argument("--phase-s", type=float, default=0.05)
     s = sub.add_parser("sidecar")
     s.add_argument("--coordinator", required=True)
-    s.add_argument("--node", required=True)
+    s.add_argument("--node", action="append", required=True)
     s.add_argument("--pool", choices=["rollout", "train"], required=True)
     args = ap.parse_args()
     return run_job(args) if args.what == "job" else run_sidecar(args)

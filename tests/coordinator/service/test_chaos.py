@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from rollmux.coordinator.service.client import CoordinatorClient
-from rollmux.model import Pool
 
 from .conftest import RedisProcess, free_port, job_spec
 
@@ -142,12 +141,20 @@ def test_chaos_sigkill_coordinator_job_sidecar_and_redis_restart(redis_server: R
     coord = Coordinator(redis_server.url, tmp_path)
     coord.start()
     client = CoordinatorClient(coord.address, retry_s=30)
+    n_groups = (N_JOBS + 1) // 2
+
+    def spawn_nodes(pool: str, nodes: list[str]) -> subprocess.Popen[bytes]:  # their sidecars' streams
+        return subprocess.Popen([PY, WORKER, "sidecar", "--coordinator", coord.address, "--pool", pool,
+                                 *(a for n in nodes for a in ("--node", n))])
+
+    sidecar = spawn_nodes("rollout", ["r0"])
+    others = [spawn_nodes("rollout", [f"r{i}" for i in range(1, 2 * n_groups)]),
+              spawn_nodes("train", [f"t{i}" for i in range(n_groups)])]
     try:  # a failed setup must not leave the coordinator process behind
-        n_groups = (N_JOBS + 1) // 2
-        for i in range(2 * n_groups):
-            client.register_node(f"r{i}", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12)
-        for i in range(n_groups):
-            client.register_node(f"t{i}", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12)
+        deadline = time.monotonic() + 30
+        while sum(n.state == "ready" for n in client.cluster_state().nodes) < 3 * n_groups:
+            assert time.monotonic() < deadline, "node streams did not connect"
+            time.sleep(0.05)
         names = [f"j{i}" for i in range(N_JOBS)]
         tokens = {n: client.register_job(job_spec(n, nr=16 if i % 2 == 0 else 8)).token for i, n in enumerate(names)}
         groups = {j.group_id for j in client.cluster_state().jobs}
@@ -155,18 +162,18 @@ def test_chaos_sigkill_coordinator_job_sidecar_and_redis_restart(redis_server: R
     except BaseException:
         coord.kill()
         client.close()
+        for p in [sidecar, *others]:
+            p.kill()
         raise
     log = tmp_path / "events.log"
 
     def spawn(name: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([PY, WORKER, "job", "--coordinator", coord.address, "--job", name, "--token",
-                                 tokens[name], "--iterations", str(ITERATIONS), "--log", str(log)])
+        return subprocess.Popen([PY, WORKER, "job", "--coordinator", coord.address, "--job", name,
+                                 f"--token={tokens[name]}", "--iterations", str(ITERATIONS), "--log", str(log)])
 
     def spawn_sidecar() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([PY, WORKER, "sidecar", "--coordinator", coord.address, "--node", "r0",
-                                 "--pool", "rollout"])
+        return spawn_nodes("rollout", ["r0"])
 
-    sidecar = spawn_sidecar()
     procs = {n: spawn(n) for n in names}
     try:
         for rnd in range(ROUNDS):
@@ -195,7 +202,7 @@ def test_chaos_sigkill_coordinator_job_sidecar_and_redis_restart(redis_server: R
         print(f"\nchaos: {N_JOBS} jobs x {ITERATIONS} iterations, {ROUNDS} round(s) of faults, "
               f"{coord.starts} coordinator starts; phases per node: {per_node}")
     finally:
-        for p in [*procs.values(), sidecar]:
+        for p in [*procs.values(), sidecar, *others]:
             if p.poll() is None:
                 p.kill()
                 p.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +19,7 @@ from rollmux.coordinator.service.api import (
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.model import Phase
 
-from .builders import make_runtime, register
+from .builders import make_runtime, register, spec
 
 
 def grant(rt: Runtime, name: str):  # type: ignore[no-untyped-def]
@@ -119,21 +120,40 @@ def test_observed_durations_update_estimates() -> None:
     assert rt.permits["a"].observed_train_s > 0
 
 
-def test_pending_jobs_are_admitted_in_arrival_order_when_nodes_appear() -> None:
+def test_a_pending_job_never_blocks_a_later_one_that_fits() -> None:
     rt, _ = make_runtime(n_rollout=1, n_train=1)
     register(rt, "a")
-    b = register(rt, "b", nr=32, slo=1.0)  # needs 4 rollout nodes of its own
-    c = register(rt, "c", nr=8, slo=1.0)
-    assert b.state is JobState.PENDING and c.state is JobState.PENDING  # c waits behind b
-    assert "position 2" in rt.wait_reason("c")
+    b = register(rt, "b", nr=32, slo=1.0)  # needs 4 rollout nodes of its own: none free
+    c = register(rt, "c", nr=8)  # fits beside a
+    d = register(rt, "d", nr=8, slo=1.0)  # needs nodes of its own too
+    assert b.state is JobState.PENDING and d.state is JobState.PENDING
+    assert c.state is JobState.ADMITTED  # b, waiting ahead of it, does not hold it back
+    assert "position 1" in rt.wait_reason("b") and "position 2" in rt.wait_reason("d")
     assert rt.acquire("b", Phase.ROLLOUT, 0) is None
     from rollmux.model import Pool
 
-    for i in range(1, 8):
+    for node_id, pool in (("x1", Pool.ROLLOUT), ("x2", Pool.TRAIN)):
+        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12,
+                         nvml={})
+        assert rt.nodes[node_id].state is NodeState.LOST  # registered, but no sidecar stream yet
+        rt.node_connected(node_id)
+    assert rt.jobs["d"].state is JobState.ADMITTED and rt.jobs["b"].state is JobState.PENDING
+    for i in range(3, 8):
         rt.register_node(node_id=f"x{i}", pool=Pool.ROLLOUT if i < 7 else Pool.TRAIN, gpu_type="H20",
                          gpu_count=8, host_dram_bytes=2 * 10**12, nvml={})
+        rt.node_connected(f"x{i}")
     assert rt.jobs["b"].state is JobState.ADMITTED
     rt.check_invariants()
+
+
+def test_a_spec_no_node_set_could_ever_hold_is_refused_naming_the_limit() -> None:
+    rt, _ = make_runtime()
+    before = rt.records()
+    with pytest.raises(InvalidArgumentError, match="over the limit of 1024 nodes per pool"):
+        register(rt, "huge", nr=10_000)
+    with pytest.raises(InvalidArgumentError, match="does not fit the host DRAM"):
+        rt.register_job(replace(spec("fat"), rollout_state_bytes=3 * 10**12), token_sha256="t", nonce_sha256="n")
+    assert rt.records() == before and rt.take_changes() == ({}, [])
 
 
 def test_remove_job_revokes_its_lease_and_frees_the_node() -> None:
@@ -184,6 +204,9 @@ def test_reload_from_records_resumes_queues_and_leases() -> None:
     p = grant(rt, "a")
     epoch = p.epoch
     rt2 = Runtime.from_records(rt.records(), rt.cluster, rt.config, clock=clock, wall=clock)
+    assert all(n.state is NodeState.LOST for n in rt2.nodes.values())  # until their sidecars reconnect
+    for n in rt2.nodes:
+        rt2.node_connected(n)
     assert rt2.holder == rt.holder and rt2.queues == rt.queues
     assert rt2.permits["a"].epoch == epoch
     rt2.release("a", epoch, 1.0)
@@ -239,14 +262,14 @@ def test_advance_releases_and_grants_the_next_phase_in_one_transition() -> None:
 
 
 def test_open_but_silent_node_turns_lost_and_its_lease_expires() -> None:
-    rt, clock = make_runtime(ttl=10.0)
+    rt, clock = make_runtime(n_rollout=1, n_train=1, ttl=10.0, heartbeat_s=2.0)
     lapse = rt.config.heartbeat_lapse_s
     register(rt, "a", slo=1.0)
     node = rt.jobs["a"].rollout_nodes[0]
-    rt.node_connected(node)
     p = grant(rt, "a")
     clock.advance(lapse / 2)
-    rt.heartbeat(node, [p.epoch])
+    for n in rt.nodes:
+        rt.heartbeat(n, [p.epoch])
     assert rt.next_deadline() == clock.now + lapse
     clock.advance(lapse - 0.01)
     rt.expire()

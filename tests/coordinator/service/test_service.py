@@ -25,7 +25,7 @@ from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 
-from .conftest import FAST, add_nodes, job_spec
+from .conftest import FAST, add_node, add_nodes, close_node_streams, job_spec
 
 
 def stored(srv: ThreadedServer) -> dict[str, str]:
@@ -179,11 +179,12 @@ def test_secret_enables_node_and_operator_tokens() -> None:
         assert [n.node_id for n in op.cluster_state().nodes] == ["r0"]
         with pytest.raises(UnauthenticatedError):
             anon.register_job(job_spec("a"))
-        op.register_node("t0", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=10**12,
-                         token=node_token("s3cret", "t0"))
+        for node_id, pool in (("r0", Pool.ROLLOUT), ("t0", Pool.TRAIN)):  # their streams, with node tokens
+            add_node(op, node_id, pool, host_dram_bytes=10**12, token=node_token("s3cret", node_id))
         job = op.register_job(job_spec("a"))
         job.release(job.acquire(Phase.ROLLOUT, 0, timeout_s=5), 0.1)  # the job token, not the operator's
     finally:
+        close_node_streams()
         srv.stop()
 
 

@@ -14,7 +14,7 @@ from rollmux.coordinator.service.api import NotReadyError
 from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Phase
 
-from .conftest import RedisProcess, add_nodes, free_port, job_spec
+from .conftest import RedisProcess, add_nodes, close_node_streams, free_port, job_spec
 
 LEADER_TTL_S = 1.0
 
@@ -82,6 +82,7 @@ def test_standby_takes_over_through_the_redis_lease_when_the_leader_is_killed(re
         assert takeover_s < 15 * LEADER_TTL_S, f"takeover took {takeover_s:.1f}s"
         print(f"\nstandby takeover: leader SIGKILL -> next grant from the standby in {takeover_s:.2f}s "
               f"(leader lease TTL {LEADER_TTL_S:g}s), fence {fence_a} -> {fence_b}")
+        close_node_streams()
         client.close()
     finally:
         for proc in procs:

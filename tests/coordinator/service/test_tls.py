@@ -13,7 +13,7 @@ from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase
 
-from .conftest import FAST, add_nodes, job_spec
+from .conftest import FAST, add_nodes, close_node_streams, job_spec
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:
@@ -38,6 +38,7 @@ def test_tls_serves_verified_clients_and_refuses_plaintext(tmp_path: Path) -> No
         job = client.register_job(job_spec("a", slo=1.0))
         permit = job.acquire(Phase.ROLLOUT, 0, timeout_s=5)
         assert job.advance(permit, 0.1, timeout_s=5).phase is Phase.TRAIN
+        close_node_streams()
         client.close()
         plain = CoordinatorClient(srv.address, retry_s=0.5)  # no TLS: the handshake never completes
         with pytest.raises(NotReadyError):

@@ -61,7 +61,7 @@ class VerlJob:
             "reward.custom_reward_function.name=compute_score",
             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
             "trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.logger=[console]",
-            f"trainer.project_name=rmx", f"trainer.experiment_name={self.name}",
+            "trainer.project_name=rmx", f"trainer.experiment_name={self.name}",
             f"trainer.total_training_steps={self.steps}", "trainer.val_before_train=False", "trainer.test_freq=-1",
             "trainer.save_freq=-1", f"trainer.default_local_dir={self.workdir / 'ckpt'}",
             "+ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_cpus=8",

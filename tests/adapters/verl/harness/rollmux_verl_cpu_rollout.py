@@ -17,7 +17,6 @@ from typing import Any
 import ray
 import torch
 from rollmux_verl_cpu import event
-
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 

@@ -1,0 +1,151 @@
+"""The round-robin schedule run event by event through the grant step, in virtual time.
+
+This is what the live coordinator does, with phase durations given instead of measured: every
+member asks for its next phase when the previous one ends, `grants.grant_step` decides what starts,
+and a phase frees its nodes when it ends (a Rollout under long-tail migration frees them at its
+release time while the job's Train still waits for the whole Rollout). The simulator's driver runs
+every group segment through `run_schedule`, so the simulator and the service share one grant rule.
+
+`intra_group.simulate_round_robin` computes the same event times in one topological pass (and
+`intra_group.cycle_time` their steady state, which the SLO check uses); the property tests check
+that the two agree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Sequence
+
+from rollmux.coordinator.policy.grants import PhaseRequest, Ring, grant_step
+from rollmux.coordinator.policy.intra_group import (
+    TRAIN_POOL,
+    MemberTiming,
+    PhaseInterval,
+    PhaseTimeFn,
+    ReleaseFn,
+    ScheduleResult,
+    cycle_time,
+    default_horizon,
+    empirical_periods,
+)
+from rollmux.model import Phase
+
+_FREE, _END = 0, 1  # event kinds: nodes pass on; a phase ends (the job asks for its next one)
+
+
+class _Run:
+    """Mutable state of one run: requests, holders, turns and the event heap."""
+
+    def __init__(self, members: Sequence[MemberTiming], n_iter: int, phase_time: PhaseTimeFn | None,
+                 release: ReleaseFn | None) -> None:
+        self.members, self.n_iter, self.phase_time, self.release = members, n_iter, phase_time, release
+        self.names = [m.name for m in members]
+        self.index = {m.name: i for i, m in enumerate(members)}
+        node_key = {n: f"r{k}" for k, n in enumerate(dict.fromkeys(n for m in members for n in m.rollout_nodes))}
+        self.node_of_key: dict[str, Hashable] = {v: k for k, v in node_key.items()}
+        self.nodes = [tuple(node_key[n] for n in m.rollout_nodes) for m in members]
+        order = {key: tuple(m.name for m, ks in zip(members, self.nodes) if key in ks) for key in self.node_of_key}
+        order[TRAIN_POOL] = tuple(self.names)
+        self.rings = {key: Ring(order=o, turn=o[0]) for key, o in order.items()}
+        self.holders: dict[str, str] = {}
+        self.requests: dict[str, PhaseRequest] = {}
+        self.phase = [Phase.ROLLOUT] * len(members)
+        self.iteration = [0] * len(members)
+        self.ready = [0.0] * len(members)
+        self.roll_starts: list[list[float]] = [[] for _ in members]
+        self.roll_end = [0.0] * len(members)
+        self.intervals: list[PhaseInterval] = []
+        self.events: list[tuple[float, int, int, int, tuple[str, ...]]] = []
+        self.seq = 0
+
+    def duration(self, idx: int, phase: Phase) -> float:
+        m, it = self.members[idx], self.iteration[idx]
+        if self.phase_time is not None:
+            return self.phase_time(idx, it, phase)
+        return m.t_roll_s if phase is Phase.ROLLOUT else m.t_train_s
+
+    def ask(self, idx: int) -> None:
+        nodes = self.nodes[idx] if self.phase[idx] is Phase.ROLLOUT else (TRAIN_POOL,)
+        self.requests[self.names[idx]] = PhaseRequest(job=self.names[idx], nodes=nodes)
+
+    def push(self, t: float, kind: int, idx: int, nodes: tuple[str, ...] = ()) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, idx, nodes))
+
+    def grant(self, t: float) -> None:
+        step = grant_step(self.rings, self.holders, self.requests, usable=self.rings.keys())
+        for node, job in step.served.items():
+            self.rings[node] = Ring.following(self.rings[node].order, job)
+        for g in step.grants:
+            idx = self.index[g.job]
+            del self.requests[g.job]
+            for n in g.nodes:
+                self.holders[n] = g.job
+            self.start(t, idx, g.nodes)
+
+    def start(self, t: float, idx: int, nodes: tuple[str, ...]) -> None:
+        dur = self.duration(idx, self.phase[idx])
+        end = t + dur
+        if self.phase[idx] is Phase.ROLLOUT:
+            self.roll_starts[idx].append(t)
+            free = end if self.release is None else t + min(dur, max(0.0, self.release(idx, self.iteration[idx])))
+            self.roll_end[idx] = end
+            self.push(free, _FREE, idx, nodes)
+            self.push(end, _END, idx)
+            self.record(idx, Phase.ROLLOUT, t, end, None if self.release is None else free)
+        else:
+            self.push(end, _FREE, idx, nodes)
+            self.push(end, _END, idx)
+            self.record(idx, Phase.TRAIN, t, end, None)
+
+    def record(self, idx: int, phase: Phase, start: float, end: float, released: float | None) -> None:
+        nodes = tuple(self.members[idx].rollout_nodes) if phase is Phase.ROLLOUT else (TRAIN_POOL,)
+        self.intervals.append(PhaseInterval(job=self.names[idx], phase=phase, iteration=self.iteration[idx],
+                                            start_s=start, end_s=end, nodes=nodes, released_s=released))
+
+    def finish(self, t: float, idx: int) -> None:
+        if self.phase[idx] is Phase.ROLLOUT:
+            self.phase[idx] = Phase.TRAIN
+            self.ask(idx)
+            return
+        self.ready[idx] = t
+        self.phase[idx], self.iteration[idx] = Phase.ROLLOUT, self.iteration[idx] + 1
+        if self.iteration[idx] < self.n_iter:
+            self.ask(idx)
+
+    def run(self) -> None:
+        for idx in range(len(self.members)):
+            self.ask(idx)
+        self.grant(0.0)
+        while self.events:
+            t = self.events[0][0]
+            while self.events and self.events[0][0] == t:
+                _, _, kind, idx, nodes = heapq.heappop(self.events)
+                if kind == _FREE:
+                    for n in nodes:
+                        del self.holders[n]
+                else:
+                    self.finish(t, idx)
+            self.grant(t)
+
+
+def run_schedule(members: Sequence[MemberTiming], *, iterations: int | None = None,
+                 phase_time: PhaseTimeFn | None = None, record: bool = False,
+                 rollout_release: ReleaseFn | None = None) -> ScheduleResult:
+    """Event times of the round-robin schedule, granted phase by phase through `grant_step`.
+
+    Arguments and result as `intra_group.simulate_round_robin`; intervals come in start order.
+    """
+    if not members:
+        return ScheduleResult(periods_s={}, intervals=(), makespan_s=0.0)
+    n_iter = iterations if iterations is not None else default_horizon(len(members))
+    run = _Run(members, n_iter, phase_time, rollout_release)
+    if n_iter > 0:
+        run.run()
+    if phase_time is None and rollout_release is None:
+        period = cycle_time(members)
+        periods = {m.name: period for m in members}
+    else:
+        periods = empirical_periods(members, run.roll_starts, run.ready)
+    return ScheduleResult(periods_s=periods, intervals=tuple(run.intervals) if record else (),
+                          makespan_s=max(run.ready))

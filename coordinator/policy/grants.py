@@ -1,0 +1,161 @@
+"""The grant step: which waiting phases get their nodes now. Pure; the live service and the simulator call it.
+
+The intra-group schedule (`intra_group`) is round-robin meta-iterations: on every node, the jobs that
+use it take turns in the group's member order, each once per meta-iteration. The SLO check
+(`intra_group.cycle_time`) and the simulator assume exactly that order, so the live coordinator
+grants through this step too: a phase gets its nodes only when it is its job's turn on every one of
+them and all of them are free.
+
+Interface (plain data in, plain data out; node and job ids are strings):
+
+    step = grant_step(rings, holders, requests, usable=..., skip=...)
+
+- ``rings``: node -> `Ring`, the round-robin order of the jobs that use the node (the group's member
+  order restricted to them) and whose turn it is. `group_rings` builds them for a `GroupState` from
+  the job each node served last (a turn follows the last served job, so a job that joins the group
+  takes its first turn at the end of the current meta-iteration).
+- ``holders``: node -> job holding it now (a granted phase not yet released).
+- ``requests``: job -> `PhaseRequest`, the phase the job waits for: the nodes it needs, and
+  ``keeps_turn`` when the job's next phase continues this one on the same nodes (Train then Sync):
+  the turn then stays with the job until the phase that ends it is granted.
+- ``usable``: nodes that may be granted at all (ready, sidecar connected); ``skip``: jobs whose turn
+  is passed over (their lease lapsed or was revoked and they have not asked again; they wait for
+  their next turn), so a dead job never stops the rotation.
+
+`GrantStep.grants` lists the grants in a deterministic order; `GrantStep.served` gives, for every
+ring whose turn moved, the job whose turn ended there (granted, or passed over): keep it, and the
+next call's ring is `Ring.following(order, served)`. A step only
+consumes free nodes, so one pass decides everything grantable now; call it again after any
+release, request, or change in node usability.
+
+A new kind of request (for example a colocated job whose rollout runs on training-pool nodes) needs
+no change here: list those nodes in its request, and the rings of those nodes in their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from rollmux.coordinator.policy.api import PolicyError
+from rollmux.coordinator.policy.state import GroupState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ring:
+    """The jobs that take turns on one node, in round-robin order, and whose turn it is."""
+
+    order: tuple[str, ...]
+    turn: str  # a member of `order`
+
+    def __post_init__(self) -> None:
+        if self.order and self.turn not in self.order:
+            raise PolicyError(f"ring turn {self.turn!r} is not one of its jobs {self.order}")
+
+    @classmethod
+    def following(cls, order: tuple[str, ...], served: str | None) -> Ring:
+        """The ring whose turn follows the job served last (the first job when none was, or it left)."""
+        if served in order:
+            return cls(order=order, turn=order[(order.index(served) + 1) % len(order)])
+        return cls(order=order, turn=order[0] if order else "")
+
+    def after(self, job: str) -> str:
+        """The job whose turn follows `job`'s."""
+        return self.order[(self.order.index(job) + 1) % len(self.order)]
+
+    def before(self, job: str) -> str:
+        """The job whose turn precedes `job`'s."""
+        return self.order[self.order.index(job) - 1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseRequest:
+    """A job waiting for one phase: the nodes it needs all at once."""
+
+    job: str
+    nodes: tuple[str, ...]
+    keeps_turn: bool = False  # the job's next phase continues on these nodes within the same turn
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise PolicyError(f"job {self.job!r} requests a phase on no nodes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    job: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrantStep:
+    grants: tuple[Grant, ...]
+    served: dict[str, str]  # node -> the job whose turn there ended in this step (rings that moved only)
+
+
+def current_turn(ring: Ring, skip: Collection[str]) -> str | None:
+    """The ring's turn after passing over skipped jobs; None when every job is skipped."""
+    turn = ring.turn
+    for _ in ring.order:
+        if turn not in skip:
+            return turn
+        turn = ring.after(turn)
+    return None
+
+
+def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: Mapping[str, PhaseRequest], *,
+               usable: Collection[str], skip: Collection[str] = ()) -> GrantStep:
+    """Grant every request whose turn it is on all its nodes, all of them free and usable.
+
+    Raises:
+        PolicyError: a request needs a node without a ring, or that its job is not part of.
+    """
+    turns: dict[str, str] = {}
+    served: dict[str, str] = {}
+    for node, ring in rings.items():
+        now = current_turn(ring, skip)
+        if now is not None and now != ring.turn:
+            turns[node], served[node] = now, ring.before(now)
+    grants = []
+    taken: set[str] = set()  # granted in this step
+    for job in sorted(requests):
+        req = requests[job]
+        for n in req.nodes:
+            if n not in rings or job not in rings[n].order:
+                raise PolicyError(f"job {job!r} requests node {n} but is not in its round-robin ring")
+        if all(n in usable and n not in holders and n not in taken and turns.get(n, rings[n].turn) == job
+               for n in req.nodes):
+            grants.append(Grant(job=job, nodes=req.nodes))
+            taken.update(req.nodes)
+            if not req.keeps_turn:
+                for n in req.nodes:
+                    turns[n], served[n] = rings[n].after(job), job
+    return GrantStep(grants=tuple(grants), served=served)
+
+
+def group_rings(group: GroupState, served: Mapping[str, str]) -> dict[str, Ring]:
+    """The rings of a group's nodes: every member on the training nodes, the pinned jobs on each
+    rollout node, in member order, each turn following the job `served` last on the node."""
+    members = tuple(group.members)
+    rings = {}
+    for n in group.train_nodes:
+        if members:
+            rings[n] = Ring.following(members, served.get(n))
+    for n, node in group.rollout.items():
+        if node.jobs:
+            rings[n] = Ring.following(tuple(node.jobs), served.get(n))
+    return rings
+
+
+def served_after_leaving(ring: Ring, job: str) -> str | None:
+    """What to keep as the node's last served job once `job` leaves its ring, so that the turn stays
+    where it was (or, when it was `job`'s, passes to the job after it); None: keep nothing."""
+    if len(ring.order) < 2:
+        return None
+    turn = ring.after(job) if ring.turn == job else ring.turn
+    rest = tuple(j for j in ring.order if j != job)
+    return rest[rest.index(turn) - 1]
+
+
+__all__ = ["Grant", "GrantStep", "PhaseRequest", "Ring", "current_turn", "grant_step", "group_rings",
+           "served_after_leaving"]

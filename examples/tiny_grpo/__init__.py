@@ -1,4 +1,0 @@
-"""A real, tiny GRPO job in plain PyTorch on CPU: a rollout process and a trainer process.
-
-See ``job.py`` for the entry point (``python -m examples.tiny_grpo.job --help`` from the repo root).
-"""

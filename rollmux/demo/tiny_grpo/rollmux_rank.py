@@ -1,0 +1,112 @@
+"""Run one rank of the tiny GRPO job as its own process, pinned to CPUs, optionally under RollMux.
+
+    python -m rollmux.demo.tiny_grpo.rollmux_rank --rank 0 --init-method tcp://127.0.0.1:29500 --cpus 1 \
+        --iterations 20 --log-file job.jsonl [any JobConfig flag]
+
+``job.py`` starts both ranks from one parent; the RollMux demo and benchmark instead start each rank
+itself so each pool's processes can be pinned to that pool's core. With ``ROLLMUX_SIDECAR_SOCKET``
+set (plus ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``) the phases are gated through the shim:
+
+* :func:`phase_hook` maps the job's loop onto the coordinator's on-policy order. The loop runs
+  ``sync -> rollout -> train`` per iteration; the coordinator's order is
+  ``Rollout(i) -> Train(i) -> Sync(i)``, so the job's sync at iteration ``i`` is ``Sync(i - 1)`` and
+  the very first one (initial weights, identical on both sides) runs ungated.
+* The policy returned by ``build_policy`` is registered with ``rollmux.register_state`` (offloaded
+  between phases). The trainer's Adam state stays resident: ``job.py`` builds it inside
+  ``trainer_main``, out of this launcher's reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+_counts = {"sync": 0, "rollout": 0, "train": 0}
+
+
+@contextlib.contextmanager
+def _ungated() -> Iterator[None]:
+    yield
+
+
+def phase_hook(name: str) -> AbstractContextManager[Any]:
+    """The ``--phase-hook`` factory: this process's n-th call of `name` -> ``rollmux.phase``."""
+    import rollmux
+
+    n = _counts[name]
+    _counts[name] = n + 1
+    if name == "sync":
+        return _ungated() if n == 0 else rollmux.phase("sync", iteration=n - 1)
+    return rollmux.phase(name, iteration=n)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from rollmux.demo.tiny_grpo.job import JobConfig
+
+    p = argparse.ArgumentParser(prog="python -m rollmux.demo.tiny_grpo.rollmux_rank", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rank", type=int, required=True, help="0 = trainer, 1 = rollout worker")
+    p.add_argument("--init-method", required=True, help="gloo rendezvous, e.g. tcp://127.0.0.1:29500")
+    p.add_argument("--cpus", default="", help="comma-separated CPU ids to pin this process to ('' = no pinning)")
+    for f in dataclasses.fields(JobConfig):
+        if f.name == "phase_hook":
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Pin, opt in (if configured), rendezvous, run this rank's loop, detach."""
+    args = _parser().parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    import rollmux
+    from rollmux.demo.tiny_grpo import job
+
+    fields = {f.name for f in dataclasses.fields(job.JobConfig)}
+    cfg = job.JobConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    gated = rollmux.init(rank=args.rank)
+    if gated:
+        cfg = dataclasses.replace(cfg, phase_hook=f"{__name__}:phase_hook")
+        build = job.build_policy
+
+        def build_and_register(c: job.JobConfig) -> Any:
+            policy = build(c)
+            rollmux.register_state(policy, name="policy")
+            return policy
+
+        job.build_policy = build_and_register  # the loops call it once, first thing
+    torch.set_num_threads(cfg.threads)
+    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=2)
+    hook = job.resolve_phase_hook(cfg.phase_hook)
+    ok = False
+    try:
+        if args.rank == job.TRAINER:
+            out = open(cfg.log_file, "a", encoding="utf-8") if cfg.log_file else sys.stdout  # noqa: SIM115
+            try:
+                job.trainer_main(cfg, hook, out)
+            finally:
+                if out is not sys.stdout:
+                    out.close()
+        else:
+            job.rollout_main(cfg, hook)
+        ok = True
+    finally:
+        rollmux.shutdown(job_done=ok and args.rank == job.TRAINER)
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""The grant step: round-robin turns, Train keeping its turn for Sync, skipped jobs, joins and leaves;
+and the event-by-event run through it equals the schedule the SLO check assumes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollmux.coordinator.policy.api import PolicyError
+from rollmux.coordinator.policy.executor import run_schedule
+from rollmux.coordinator.policy.grants import (
+    PhaseRequest,
+    Ring,
+    grant_step,
+    served_after_leaving,
+)
+from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
+from rollmux.model import Phase
+
+from .test_intra_group import groups
+
+
+def ask(job: str, *nodes: str, keeps_turn: bool = False) -> dict[str, PhaseRequest]:
+    return {job: PhaseRequest(job=job, nodes=nodes, keeps_turn=keeps_turn)}
+
+
+def test_only_the_job_whose_turn_it_is_gets_a_free_node() -> None:
+    rings = {"t": Ring(order=("a", "b"), turn="a")}
+    step = grant_step(rings, {}, ask("b", "t"), usable={"t"})
+    assert step.grants == () and step.served == {}  # b is ready, but it is a's turn: no work stealing
+    step = grant_step(rings, {}, {**ask("a", "t"), **ask("b", "t")}, usable={"t"})
+    assert [g.job for g in step.grants] == ["a"] and step.served == {"t": "a"}
+    assert Ring.following(("a", "b"), step.served["t"]).turn == "b"
+
+
+def test_a_grant_needs_every_node_free_usable_and_its_turn() -> None:
+    rings = {"r0": Ring(order=("a",), turn="a"), "r1": Ring(order=("b", "a"), turn="b")}
+    assert grant_step(rings, {}, ask("a", "r0", "r1"), usable={"r0", "r1"}).grants == ()
+    rings["r1"] = Ring(order=("b", "a"), turn="a")
+    assert grant_step(rings, {"r1": "b"}, ask("a", "r0", "r1"), usable={"r0", "r1"}).grants == ()
+    assert grant_step(rings, {}, ask("a", "r0", "r1"), usable={"r0"}).grants == ()
+    assert [g.nodes for g in grant_step(rings, {}, ask("a", "r0", "r1"), usable={"r0", "r1"}).grants] == [("r0", "r1")]
+
+
+def test_train_keeps_the_turn_for_its_sync() -> None:
+    rings = {"t": Ring(order=("a", "b"), turn="a")}
+    step = grant_step(rings, {}, ask("a", "t", keeps_turn=True), usable={"t"})
+    assert [g.job for g in step.grants] == ["a"] and step.served == {}  # still a's turn: its Sync is next
+    step = grant_step(rings, {}, {**ask("a", "t"), **ask("b", "t")}, usable={"t"})
+    assert [g.job for g in step.grants] == ["a"]
+
+
+def test_a_skipped_job_loses_its_turn_and_the_rotation_goes_on() -> None:
+    rings = {"t": Ring(order=("a", "b", "c"), turn="a")}
+    step = grant_step(rings, {}, ask("c", "t"), usable={"t"}, skip={"a", "b"})
+    assert [g.job for g in step.grants] == ["c"] and step.served == {"t": "c"}
+    step = grant_step(rings, {}, {}, usable={"t"}, skip={"a"})
+    assert step.served == {"t": "a"}  # passed over: b's turn now, a waits for its next one
+    assert grant_step(rings, {}, {}, usable={"t"}, skip={"a", "b", "c"}).served == {}
+
+
+def test_joins_take_their_turn_at_the_end_of_the_meta_iteration_and_leavers_pass_theirs_on() -> None:
+    assert Ring.following(("a", "b"), "a").turn == "b"  # b joined after a's turn: b goes before a again
+    assert Ring.following(("a", "b"), None).turn == "a"
+    ring = Ring(order=("a", "b", "c"), turn="b")
+    assert Ring.following(("a", "c"), served_after_leaving(ring, "b")).turn == "c"
+    assert Ring.following(("b", "c"), served_after_leaving(ring, "a")).turn == "b"
+    assert served_after_leaving(Ring(order=("a",), turn="a"), "a") is None
+
+
+def test_a_request_outside_its_ring_is_a_caller_bug() -> None:
+    with pytest.raises(PolicyError, match="not in its round-robin ring"):
+        grant_step({"t": Ring(order=("a",), turn="a")}, {}, ask("b", "t"), usable={"t"})
+    with pytest.raises(PolicyError, match="not one of its jobs"):
+        Ring(order=("a",), turn="z")
+
+
+def test_issue_example_long_job_trains_before_the_short_one_trains_again() -> None:
+    # A 10+10 s and B 100+100 s on separate rollout nodes: the model puts B's Train(0) at 100-200 s,
+    # and A's Train(1) only after it (strict round-robin on the training pool).
+    res = run_schedule([MemberTiming(name="A", t_roll_s=10, t_train_s=10, rollout_nodes=("r0",)),
+                        MemberTiming(name="B", t_roll_s=100, t_train_s=100, rollout_nodes=("r1",))],
+                       iterations=3, record=True)
+    trains = [(iv.job, iv.iteration, iv.start_s) for iv in res.intervals if iv.phase is Phase.TRAIN]
+    assert trains[:3] == [("A", 0, 10.0), ("B", 0, 100.0), ("A", 1, 200.0)]
+
+
+def key(res):  # type: ignore[no-untyped-def]
+    return sorted((iv.job, iv.phase.value, iv.iteration, round(iv.start_s, 6), round(iv.end_s, 6),
+                   None if iv.released_s is None else round(iv.released_s, 6)) for iv in res.intervals)
+
+
+@settings(max_examples=200, deadline=None)
+@given(groups(), st.integers(1, 6), st.booleans(), st.integers(0, 10**6))
+def test_the_run_through_the_grant_step_is_the_schedule_the_slo_check_assumes(
+        members: list[MemberTiming], iterations: int, migrate: bool, seed: int) -> None:
+    def phase_time(idx: int, it: int, phase: Phase) -> float:
+        m = members[idx]
+        wobble = 1.0 + ((seed + 7 * idx + 3 * it) % 5) / 10
+        return m.t_roll_s * wobble if phase is Phase.ROLLOUT else m.t_train_s / wobble
+
+    def release(idx: int, it: int) -> float:
+        return float((seed + 13 * idx + 5 * it) % 400)
+
+    hook = release if migrate else None
+    model = simulate_round_robin(members, iterations=iterations, phase_time=phase_time, record=True,
+                                 rollout_release=hook)
+    run = run_schedule(members, iterations=iterations, phase_time=phase_time, record=True, rollout_release=hook)
+    assert key(run) == key(model)
+    assert run.makespan_s == pytest.approx(model.makespan_s)
+    assert run.periods_s == pytest.approx(model.periods_s)
