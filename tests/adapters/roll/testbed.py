@@ -10,10 +10,12 @@ their rollout permits through the rollout one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -131,7 +133,7 @@ class Job:
         try:
             rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             rc = self.proc.wait(30)
         result: dict[str, Any] = {"rc": rc, "log_tail": self.log.read_text(errors="replace")[-4000:]}
         if self.out.exists():
@@ -139,9 +141,38 @@ class Job:
         return result
 
 
+    def kill(self) -> None:
+        """SIGKILL the whole job: its driver and every process of its private Ray (one session)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def leftovers(self) -> list[int]:
+        """Processes still alive in the job's session (none once the job is gone)."""
+        return session_pids(self.proc.pid)
+
+
+def session_pids(sid: int) -> list[int]:
+    """Pids whose session id is `sid` (zombies excluded)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                pids.append(int(stat.parent.name))
+    return pids
+
+
+def build_assets(workdir: Path) -> Path:
+    """The tiny model, tokenizer and data every job of a test shares (built once, before any job)."""
+    subprocess.run([str(ROLL_PY), str(HARNESS / "assets.py"), str(workdir / "assets")], check=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(HARNESS)}, capture_output=True)
+    return workdir / "assets"
+
+
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
-           extra_env: dict[str, str] | None = None) -> Job:
-    """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``)."""
+           extra_env: dict[str, str] | None = None, start_file: Path | None = None) -> Job:
+    """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
+    with `start_file`, the job waits once built until :func:`start_together` creates that file."""
     jobdir = workdir / name
     jobdir.mkdir(parents=True, exist_ok=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
@@ -154,9 +185,23 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
     out, log = workdir / f"{name}.json", workdir / f"{name}.log"
     cmd = [str(ROLL_PY), str(HARNESS / f"run_{kind}.py"), "--assets", str(workdir / "assets"), "--workdir",
            str(jobdir), "--out", str(out), "--steps", str(steps), "--name", name, "--lr", str(lr)]
+    if start_file is not None:
+        cmd += ["--start-file", str(start_file)]
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=jobdir, env=e, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(name=name, proc=proc, out=out, log=log)
+
+
+def start_together(jobs: list[Job], start_file: Path, timeout_s: float = 600) -> None:
+    """Wait until every job is built (or one exited), then let them all call ``run()`` at once."""
+    deadline = time.monotonic() + timeout_s
+    while not all(j.out.with_suffix(".built").exists() for j in jobs):
+        dead = [j.name for j in jobs if j.proc.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            start_file.touch()
+            raise RuntimeError(f"jobs {dead or 'all'} did not get built: see {[str(j.log) for j in jobs]}")
+        time.sleep(0.2)
+    start_file.touch()
 
 
 def stable_metrics(step: dict[str, Any]) -> dict[str, float]:

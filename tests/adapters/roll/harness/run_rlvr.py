@@ -2,9 +2,9 @@
 
     PYTHONPATH=<this folder> .venv-roll/bin/python run_rlvr.py --assets DIR --out OUT.json [--steps 2]
 
-A tiny local model (``assets.py``), fsdp2_train on gloo for actor_train, hf_infer for actor_infer and
-the reference, ROLL's MathRuleRewardWorker and DynamicSamplingScheduler; greedy decoding, so two runs
-of the same job give the same metrics. The CPU stand-in patches come from ``sitecustomize.py``.
+A tiny local model (``assets.py``), fsdp2_train on gloo for actor_train, hf_infer for actor_infer, ROLL's
+MathRuleRewardWorker and DynamicSamplingScheduler, no reference model (KL coefficient 0: one process
+fewer per job); greedy decoding, so two runs of the same job give the same metrics. The CPU stand-in patches come from ``sitecustomize.py``.
 
 Ray: opted in to RollMux (``ROLLMUX_SIDECAR_SOCKET`` set), ROLL's own ``init()`` runs and the
 adapter gives the job its private Ray instance; not opted in, this script starts a private local
@@ -42,7 +42,7 @@ def rlvr_config(assets: Path, out: Path, steps: int, name: str, lr: float = 1e-3
         "max_steps": steps, "save_steps": 10_000, "logging_steps": 1, "eval_steps": 10_000,
         "rollout_batch_size": 4, "prompt_length": 32, "response_length": 8,
         "num_return_sequences_in_group": 1, "generate_opt_level": 0,
-        "max_running_requests": 4, "ppo_epochs": 1, "adv_estimator": "reinforce", "init_kl_coef": 0.1,
+        "max_running_requests": 4, "ppo_epochs": 1, "adv_estimator": "reinforce", "init_kl_coef": 0.0,
         "entropy_loss_coef": 0.01, "whiten_advantages": False, "pretrain": model, "reward_pretrain": model,
         "num_gpus_per_node": 1, "model_update_buffer_size_mb": 16, "rpc_timeout": 600,
         "actor_train": cluster(
@@ -117,6 +117,16 @@ def worker_patches(pipeline: object) -> dict[str, object]:
     return out
 
 
+def wait_for_start(out: Path, start: Path, timeout_s: float = 900.0) -> None:
+    """Tell the test this job is built, then wait until it says go."""
+    out.with_suffix(".built").write_text(str(time.time()))
+    deadline = time.monotonic() + timeout_s
+    while not start.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{start} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--assets", required=True, help="folder made by assets.py (built there when missing)")
@@ -125,6 +135,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--name", default="rlvr")
     p.add_argument("--lr", type=float, default=1e-3, help="actor learning rate (tells two jobs apart)")
+    p.add_argument("--start-file", help="once built, write OUT.built and wait for this file before run() "
+                   "(lets a test start several jobs' first phases together)")
     args = p.parse_args()
     sys.path.insert(0, str(HERE))
     import assets
@@ -137,6 +149,8 @@ def main() -> int:
 
     pipeline = RLVRPipeline(pipeline_config=cfg)
     t_built = time.time()
+    if args.start_file:
+        wait_for_start(Path(args.out), Path(args.start_file))
     pipeline.run()
     t_done = time.time()
     Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
