@@ -151,11 +151,12 @@ def main() -> int:
     t_built = time.time()
     if args.start_file:
         wait_for_start(Path(args.out), Path(args.start_file))
+    t_run = time.time()
     pipeline.run()
     t_done = time.time()
     Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
-                                          "run_s": t_done - t_built, "workers": worker_patches(pipeline)},
-                                         default=float))
+                                          "run_s": t_done - t_run, "t_run": t_run, "t_done": t_done,
+                                          "workers": worker_patches(pipeline)}, default=float))
     return 0
 
 
