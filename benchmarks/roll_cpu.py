@@ -8,7 +8,8 @@ at once, each waiting on its own start file, then run one scenario at a time so 
 scenarios share the 2 cores:
 
 1. ``u-a`` alone, variable unset (plain ROLL);
-2. ``o-a`` alone, opted in (redis-server + coordinator + a rollout-node and a training-node sidecar);
+2. ``o-a`` alone, opted in (redis-server + coordinator + a rollout-node and a training-node sidecar,
+   one set per scenario);
 3. ``o-b`` alone, opted in (another learning rate); 2 + 3 are the *sequential* baseline;
 4. ``m-a`` and ``m-b`` together, opted in (*multiplexed*).
 
@@ -84,15 +85,24 @@ def busy(records: list[dict[str, Any]], jobs: set[str], span: tuple[float, float
 
 
 def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
+    """Build every job at once, then run the scenarios one at a time.
+
+    Each opted-in scenario has its own coordinator and sidecars: the coordinator's round-robin waits
+    for every registered job's turn, so a job registered but parked (built, waiting for its scenario)
+    would hold up the jobs that run.
+    """
     build_assets(wd)
-    pools = Pools(wd).start()
-    events = wd / "events.jsonl"
+    scenario = {"o-a": "o-a", "o-b": "o-b", "m-a": "m", "m-b": "m"}
+    pools: dict[str, Pools] = {}
     jobs: dict[str, Job] = {}
     try:
+        for sc in ("o-a", "o-b", "m"):
+            (wd / f"pools-{sc}").mkdir(exist_ok=True)
+            pools[sc] = Pools(wd / f"pools-{sc}").start()
         jobs["u-a"] = launch("u-a", wd, steps=steps, lr=LR["a"], start_file=_go(wd, "u-a"))
-        for name, go in (("o-a", "o-a"), ("o-b", "o-b"), ("m-a", "m"), ("m-b", "m")):
-            jobs[name] = launch(name, wd, steps=steps, lr=LR[name[-1]], start_file=_go(wd, go),
-                                extra_env={**pools.job_env(events), "ROLLMUX_JOB": name})
+        for name, sc in scenario.items():
+            jobs[name] = launch(name, wd, steps=steps, lr=LR[name[-1]], start_file=_go(wd, sc),
+                                extra_env={**pools[sc].job_env(wd / f"events-{sc}.jsonl"), "ROLLMUX_JOB": name})
         t0 = time.monotonic()
         print(f"[roll_cpu] building {len(jobs)} ROLL jobs at once (a few minutes on 2 cores)", flush=True)
         _wait_built(list(jobs.values()), timeout_s)
@@ -106,8 +116,10 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
     finally:
         for j in jobs.values():
             j.kill()
-        pools.stop()
-    return {"res": res, "records": phase_records(events)}
+        for p in pools.values():
+            p.stop()
+    records = [r for sc in ("o-a", "o-b", "m") for r in phase_records(wd / f"events-{sc}.jsonl")]
+    return {"res": res, "records": records}
 
 
 def report(m: dict[str, Any], steps: int) -> tuple[list[str], bool]:
