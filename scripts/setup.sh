@@ -35,4 +35,5 @@ if (( dev )) && ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 (( dev )) && bash scripts/setup_chart.sh  # helm, kubernetes-validate, hadolint for tests/charts
+(( dev )) && bash scripts/setup_roll.sh  # .venv-roll: the real ROLL for the ROLL adapter tests
 echo "[setup] done"

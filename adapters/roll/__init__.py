@@ -1,1 +1,65 @@
-"""roll."""
+"""RollMux for unmodified ROLL (alibaba/ROLL) pipelines: ``pip install rollmux[roll]``, set
+``ROLLMUX_SIDECAR_SOCKET``, run the job as usual. Unset, nothing about ROLL changes.
+
+ROLL has no plugin entry point, so the package installs ``rollmux-roll.pth``: at interpreter start
+it checks the opt-in variable and, only when it is set, imports :mod:`rollmux.adapters.roll.autoload`,
+which calls :func:`patch`. Every target is wrapped when its ROLL module is imported (post-import
+hooks), in the driver and in each Ray worker (the driver hands the variable to the workers in the
+job's runtime environment). :func:`unpatch` restores every original.
+
+Supported: ROLL 0.3.0 at the commits in :data:`SUPPORTED_COMMITS`. The version is guarded at the
+first ROLL import, and ``run()``'s own source is checked to still open the spans the adapter gates.
+"""
+
+from __future__ import annotations
+
+from rollmux.adapters.common.api import PatchTarget
+from rollmux.adapters.common.patching import Patcher
+from rollmux.adapters.roll import driver, workers
+
+SUPPORTED_COMMITS = ("8eb27cc2",)
+"""alibaba/ROLL commits this adapter was tested against (span names and method names are pinned)."""
+
+SUPPORTED_VERSIONS = "==0.3.0"
+"""The ``roll`` distribution versions accepted (ROLL's setup.py version at those commits)."""
+
+_RLVR = "roll.pipeline.rlvr.rlvr_pipeline"
+_AGENTIC = "roll.pipeline.agentic.agentic_pipeline"
+_SCHED = "roll.distributed.scheduler.generate_scheduler"
+
+TARGETS = (
+    PatchTarget(module="roll.distributed.scheduler.initialize", attribute="init", wrapper=driver.wrap_init),
+    PatchTarget(module=_RLVR, attribute="RLVRPipeline.__init__", wrapper=driver.wrap_pipeline_init),
+    PatchTarget(module=_RLVR, attribute="RLVRPipeline.run", wrapper=driver.wrap_run),
+    PatchTarget(module=_RLVR, attribute="get_tracer", wrapper=driver.wrap_get_tracer),
+    PatchTarget(module=_AGENTIC, attribute="AgenticPipeline.__init__", wrapper=driver.wrap_pipeline_init),
+    PatchTarget(module=_AGENTIC, attribute="AgenticPipeline.run", wrapper=driver.wrap_run),
+    PatchTarget(module=_AGENTIC, attribute="get_tracer", wrapper=driver.wrap_get_tracer),
+    PatchTarget(module=_SCHED, attribute="DynamicSamplingScheduler.get_batch_opt_level_0",
+                wrapper=workers.wrap_batch_rollout),
+    PatchTarget(module=_SCHED, attribute="ReplayBuffer.get_batch", wrapper=workers.wrap_replay_get_batch),
+    PatchTarget(module="roll.distributed.strategy.vllm_strategy", attribute="VllmStrategy.offload_states",
+                wrapper=workers.wrap_vllm_offload),
+)
+
+PATCHER = Patcher(adapter="roll", distribution="roll", supported=SUPPORTED_VERSIONS, targets=TARGETS,
+                  remedy=driver.REMEDY)
+
+
+def patch() -> bool:
+    """Install the ROLL hooks (idempotent). Returns False when already installed.
+
+    Raises:
+        AdapterError: ROLL is missing or its version is unsupported.
+    """
+    return PATCHER.patch()
+
+
+def unpatch() -> None:
+    """Restore every ROLL original and drop the pending hooks (idempotent)."""
+    PATCHER.unpatch()
+
+
+def applied() -> tuple[str, ...]:
+    """``module:attribute`` of every ROLL target wrapped in this process right now."""
+    return PATCHER.applied()

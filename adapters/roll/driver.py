@@ -1,0 +1,227 @@
+"""Driver-side wrappers: the job's own Ray instance, registration, permit gates and span gating.
+
+All of them run in the ROLL driver process (the one that builds the pipeline and calls ``run()``):
+
+* :func:`wrap_init` (``roll.distributed.scheduler.initialize.init``): a single-node job gets a
+  private local Ray instance instead of ROLL's ``ray start --head`` on a fixed port (which joins any
+  cluster on the host, where fixed actor names and the "roll" namespace collide between jobs);
+* :func:`wrap_pipeline_init` (``RLVRPipeline.__init__`` / ``AgenticPipeline.__init__``): checks the
+  sidecar and registers the job before ROLL builds a worker, then starts the job's gate actors;
+* :func:`wrap_get_tracer` (the pipeline modules' ``get_tracer``): the "driver" tracer that ``run()``
+  opens its phase spans with gates each span on the job's permits;
+* :func:`wrap_run` (``run``): binds the job's session to the loop, releases and detaches at the end.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmux.adapters.common import env as adapter_env
+from rollmux.adapters.common.api import AdapterError
+from rollmux.adapters.common.registration import PROPAGATED, JobIdentity, check_sidecar, register, socket_path
+from rollmux.adapters.roll.gate import Gates, start_gates
+from rollmux.adapters.roll.phases import SPAN_PHASES, STEP_SPAN, PhaseTracker
+from rollmux.adapters.roll.spec import job_spec
+from rollmux.sidecar import env
+
+log = logging.getLogger(__name__)
+_SESSION_ATTR = "_rollmux_session"
+_active: contextvars.ContextVar[Session | None] = contextvars.ContextVar("rollmux_roll_session", default=None)
+REMEDY = f"unset {env.SIDECAR_SOCKET} to run this job without RollMux"
+
+
+@dataclass(slots=True, kw_only=True)
+class Session:
+    """One opted-in pipeline: its registration, gates and span -> phase tracker."""
+
+    identity: JobIdentity
+    gates: Gates | None = None
+    tracker: PhaseTracker = field(default_factory=PhaseTracker)
+
+    def begin(self, span: str, attributes: Any) -> None:
+        step = attributes.get("global_step") if span == STEP_SPAN and isinstance(attributes, dict) else None
+        self._run(self.tracker.begin(span, step))
+
+    def end(self, span: str) -> None:
+        self._run(self.tracker.end(span))
+
+    def finish(self, *, job_done: bool) -> None:
+        try:
+            self._run(self.tracker.finish())
+        finally:
+            if self.gates is not None:
+                gates, self.gates = self.gates, None
+                gates.shutdown(job_done=job_done)
+
+    def _run(self, steps: list[Any]) -> None:
+        if steps and self.gates is not None:
+            self.gates.run(steps)
+
+
+# ------------------------------------------------------------------------------------------ Ray
+
+
+def worker_env() -> dict[str, str]:
+    """Non-secret variables every Ray worker of the job gets (the opt-in, so the worker-side hooks
+    load there too). The job token goes only to the gate actors, as an argument."""
+    return {k: os.environ[k] for k in PROPAGATED if os.environ.get(k)}
+
+
+def wrap_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``initialize.init()``: give a single-node job its own local Ray instance."""
+    import ray
+    from roll.distributed.scheduler import driver_utils, initialize
+    from roll.platforms import current_platform
+    from roll.utils.constants import RAY_NAMESPACE
+
+    check_sidecar(socket_path())  # before any Ray process starts
+    if ray.is_initialized():
+        return wrapped(*args, **kwargs)
+    if driver_utils.get_driver_world_size() > 1:
+        # Multi-node: ROLL starts its own head at MASTER_ADDR:MASTER_PORT; MULTI_TENANT=1 makes it look
+        # for a running cluster only there, so each job needs its own MASTER_PORT / DASHBOARD_PORT.
+        os.environ.setdefault("MULTI_TENANT", "1")
+        return wrapped(*args, **kwargs)
+    key, count = current_platform.ray_device_key, int(current_platform.device_count() or 0)
+    resources = {"num_gpus": count} if key == "GPU" else ({"resources": {key: count}} if key != "CPU" else {})
+    ray.init(address="local", namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=True,
+             runtime_env={"env_vars": {**current_platform.get_custom_env_vars(), **worker_env()}}, **resources)
+    saved = initialize.start_ray_cluster
+    initialize.start_ray_cluster = lambda: False
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        initialize.start_ray_cluster = saved
+
+
+# ------------------------------------------------------------------------------------- pipeline
+
+
+def _check_config(cfg: Any) -> None:
+    if getattr(cfg, "async_pipeline", False) or float(getattr(cfg, "async_generation_ratio", 0) or 0) > 0:
+        raise AdapterError("RollMux ROLL adapter: async_generation_ratio > 0 overlaps rollout with training, "
+                           "which phase multiplexing cannot gate; set async_generation_ratio: 0 or " + REMEDY)
+    if getattr(cfg, "partial_gpu_mode", False):
+        raise AdapterError("RollMux ROLL adapter: partial_gpu_mode shrinks and expands actor_infer inside a "
+                           "step, which the adapter does not gate yet; disable it or " + REMEDY)
+
+
+def _node_of(cluster: Any) -> str | None:
+    """Ray node id of a ROLL cluster's first worker (None when it has none)."""
+    import ray
+
+    workers = getattr(cluster, "workers", None) or []
+    if not workers:
+        return None
+    return str(ray.get(workers[0].__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())))
+
+
+def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """Register before ROLL builds any worker; start the gates once the clusters exist."""
+    if getattr(instance, _SESSION_ATTR, None) is not None:  # a subclass's __init__ already did
+        return wrapped(*args, **kwargs)
+    cfg = kwargs.get("pipeline_config", args[0] if args else None)
+    _check_config(cfg)
+    check_sidecar(socket_path())
+    rollout_socket = os.environ.get(adapter_env.ROLLOUT_SIDECAR_SOCKET) or socket_path()
+    if rollout_socket != socket_path():
+        check_sidecar(rollout_socket)
+    session = Session(identity=register(job_spec(cfg)))
+    object.__setattr__(instance, _SESSION_ATTR, session)
+    log.info("rollmux: ROLL job %s registered (deployment %s)", session.identity.job, session.identity.deployment)
+    result = wrapped(*args, **kwargs)
+    timeout = os.environ.get(env.PERMIT_TIMEOUT_S)
+    session.gates = start_gates(
+        sockets={"rollout": rollout_socket, "train": socket_path()}, job=session.identity.job,
+        token=session.identity.token, permit_timeout_s=float(timeout) if timeout else None,
+        node_ids={"rollout": _node_of(getattr(instance, "actor_infer", None)),
+                  "train": _node_of(getattr(instance, "actor_train", None))})
+    return result
+
+
+def check_spans(run: Callable[..., Any]) -> None:
+    """Version guard on the loop itself: every span the adapter gates on must be opened by `run`.
+
+    Raises:
+        AdapterError: a span name is missing (ROLL changed its loop; the gates would silently not fire).
+    """
+    try:
+        source = inspect.getsource(run)
+    except (OSError, TypeError):
+        return  # no source (zipped install): the version check alone guards
+    gated = [s for s in SPAN_PHASES if f'"{s}"' in source]
+    phases = {SPAN_PHASES[s] for s in gated}
+    if STEP_SPAN not in source or phases != {"sync", "rollout", "train"}:
+        raise AdapterError(f"RollMux ROLL adapter: {run.__qualname__} no longer opens the spans the adapter gates on "
+                           f"(found {gated or 'none'} and needs pipeline_step, model_update, a rollout span and a "
+                           "train span); this ROLL version is not supported: install the commit named in "
+                           "rollmux.adapters.roll.SUPPORTED_COMMITS or " + REMEDY)
+
+
+def wrap_run(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``run()``: gate its spans through the job's session; release and detach when it returns."""
+    session: Session | None = getattr(instance, _SESSION_ATTR, None)
+    if session is None or _active.get() is not None:
+        return wrapped(*args, **kwargs)
+    check_spans(type(instance).run)
+    token = _active.set(session)
+    done = False
+    try:
+        result = wrapped(*args, **kwargs)
+        done = True
+        return result
+    finally:
+        _active.reset(token)
+        session.finish(job_done=done)
+
+
+# --------------------------------------------------------------------------------------- tracer
+
+
+class _GatedSpan:
+    """``tracer.start_as_current_span(name)`` whose entry waits for the phase's permit."""
+
+    __slots__ = ("_inner", "_session", "_name", "_attributes")
+
+    def __init__(self, inner: Any, session: Session, name: str, attributes: Any) -> None:
+        self._inner, self._session, self._name, self._attributes = inner, session, name, attributes
+
+    def __enter__(self) -> Any:
+        self._session.begin(self._name, self._attributes)
+        return self._inner.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        suppressed = self._inner.__exit__(exc_type, exc, tb)
+        if exc_type is None:
+            self._session.end(self._name)
+        return suppressed
+
+
+class _GatedTracer:
+    """An OpenTelemetry tracer whose ``start_as_current_span`` gates the pipeline's phase spans."""
+
+    def __init__(self, inner: Any, session: Session) -> None:
+        self._inner, self._session = inner, session
+
+    def start_as_current_span(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        attributes = kwargs.get("attributes", args[1] if len(args) > 1 else None)
+        return _GatedSpan(self._inner.start_as_current_span(name, *args, **kwargs), self._session, name, attributes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def wrap_get_tracer(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+    """The pipeline module's ``get_tracer``: the "driver" tracer of an opted-in ``run()`` is gated."""
+    tracer = wrapped(*args, **kwargs)
+    name = kwargs.get("name", args[0] if args else "roll")
+    session = _active.get()
+    return _GatedTracer(tracer, session) if session is not None and name == "driver" else tracer

@@ -1,0 +1,125 @@
+"""Permit gates of one ROLL job: one Ray actor per pool, each a RollMux shim rank on that pool's node.
+
+ROLL drives every phase from its driver, but a permit is held by a rank attached to the sidecar of
+a node in the phase's pool (the shim's model: rollout permits on rollout-pool nodes, train and sync
+permits on training-pool nodes). So the adapter starts, in the job's own Ray instance, one small
+``PoolGate`` actor per pool, pinned to the node of that pool's first ROLL worker, and the driver
+opens and closes phases through it. Each gate's process attaches to its node's sidecar with the
+ordinary shim (``rollmux.init`` / ``rollmux.phase`` / ``rollmux.runtime_hook``).
+
+The gate actors are named (``rollmux-gate-<pool>``) inside the job's Ray namespace so that ROLL's
+rollout scheduler actor can report progress to the rollout gate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rollmux.adapters.roll.phases import Action, Step
+from rollmux.sidecar.api import phase_pool
+
+POOLS = ("rollout", "train")
+
+
+def gate_name(pool: str) -> str:
+    return f"rollmux-gate-{pool}"
+
+
+class PoolGate:
+    """The body of the per-pool gate actor (wrapped with ``ray.remote`` by :func:`start_gates`)."""
+
+    def __init__(self, *, socket: str, job: str, token: str, rank: int, permit_timeout_s: float | None) -> None:
+        from rollmux.sidecar import shim
+
+        self._shim = shim
+        shim.init(socket=socket, job=job, job_token=token, rank=rank, permit_timeout_s=permit_timeout_s)
+        self._ctx: Any = None
+
+    def enter(self, phase: str, iteration: int) -> dict[str, Any]:
+        """Block until the job's permit for (phase, iteration) on this node is granted."""
+        ctx = self._shim.phase(phase, iteration=iteration)
+        held = ctx.__enter__()
+        self._ctx = ctx
+        lease = held.lease if held is not None else None
+        return {} if lease is None else dataclasses.asdict(lease)
+
+    def exit(self) -> None:
+        """Release the held permit (reporting the phase's duration)."""
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+    def progress(self, finished: int, total: int) -> dict[str, Any] | None:
+        """Rollout progress; returns the coordinator's migration directive, if any."""
+        m = self._shim.runtime_hook(finished, total)
+        return None if m is None else dataclasses.asdict(m)
+
+    def shutdown(self, job_done: bool) -> None:
+        self.exit()
+        self._shim.shutdown(job_done=job_done)
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Gates:
+    """The driver's handles on the job's gate actors; runs a tracker's steps in order."""
+
+    actors: dict[str, Any]
+    log: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
+
+    def run(self, steps: list[Step]) -> None:
+        import ray
+
+        for s in steps:
+            gate = self.actors[phase_pool(s.phase)]
+            if s.action is Action.OPEN:
+                ray.get(gate.enter.remote(s.phase, s.iteration))
+            else:
+                ray.get(gate.exit.remote())
+            self.log.append((s.action.value, s.phase, s.iteration))
+
+    def shutdown(self, *, job_done: bool) -> None:
+        import ray
+
+        refs = [a.shutdown.remote(job_done and pool == "train") for pool, a in self.actors.items()]
+        ray.get(refs, timeout=60)
+        for a in self.actors.values():
+            ray.kill(a)
+
+
+def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict[str, str | None],
+                permit_timeout_s: float | None) -> Gates:
+    """Start one gate actor per pool on that pool's node and wait until each is attached.
+
+    Args:
+        sockets: pool -> the sidecar socket path on that pool's node.
+        node_ids: pool -> Ray node id of that pool's first ROLL worker (None: anywhere).
+
+    Raises:
+        The shim's SidecarUnreachableError / ShimConfigError (re-raised from the actor) when a
+        sidecar cannot be reached.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cls = ray.remote(num_cpus=0, max_concurrency=4)(PoolGate)
+    actors = {}
+    for rank, pool in enumerate(POOLS):
+        node = node_ids.get(pool)
+        opts: dict[str, Any] = {"name": gate_name(pool), "get_if_exists": False}
+        if node:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        actors[pool] = cls.options(**opts).remote(socket=sockets[pool], job=job, token=token, rank=rank,
+                                                  permit_timeout_s=permit_timeout_s)
+    try:
+        ray.get([a.__ray_ready__.remote() for a in actors.values()], timeout=120)
+    except ray.exceptions.RayActorError as exc:
+        raise _unwrap(exc) from None
+    return Gates(actors=actors)
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The shim's own error out of a Ray actor-creation failure (keeps the remedy in the message)."""
+    cause = getattr(exc, "cause", None)
+    inner = getattr(cause, "cause", cause)
+    return inner if isinstance(inner, Exception) else exc

@@ -1,0 +1,49 @@
+"""The RollMux job spec of a ROLL pipeline, read from its config (no ROLL import needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rollmux.adapters.common.registration import job_name, slo
+from rollmux.model import JobSpec
+
+_BYTES_PER_PARAM = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "bfloat16": 2, "float16": 2}
+
+
+def _gpus(worker: Any) -> int:
+    mapping = getattr(worker, "device_mapping", None)
+    return max(1, len(mapping) if isinstance(mapping, (list, tuple)) else 1)
+
+
+def _model_params_b(cfg: Any) -> float:
+    """Billions of parameters of the local pretrained model (weights on disk / bytes per parameter);
+    7.0 when the model is not a local folder (a hub name)."""
+    path = Path(str(getattr(cfg, "pretrain", "") or ""))
+    if not path.is_dir():
+        return 7.0
+    weights = sum(f.stat().st_size for f in path.glob("*.safetensors")) or \
+        sum(f.stat().st_size for f in path.glob("*.bin"))
+    dtype = "fp32"
+    conf = path / "config.json"
+    if conf.exists():
+        dtype = str(json.loads(conf.read_text()).get("torch_dtype") or dtype)
+    return max(weights / _BYTES_PER_PARAM.get(dtype, 2) / 1e9, 1e-6)
+
+
+def job_spec(cfg: Any) -> JobSpec:
+    """The job as the coordinator models it: GPUs per pool, model size, tokens, batch, turns.
+
+    Phase times are left to the coordinator's profiler; the measured ones refine them as the job
+    runs. ``ROLLMUX_JOB`` names the job (default: ROLL's ``exp_name`` plus a unique suffix).
+    """
+    infer, train = getattr(cfg, "actor_infer", None), getattr(cfg, "actor_train", None)
+    samples = int(getattr(cfg, "num_return_sequences_in_group", 1) or 1)
+    batch = int(getattr(cfg, "rollout_batch_size", 0) or 0) * samples
+    env_mgr = getattr(cfg, "train_env_manager", None)
+    turns = int(getattr(cfg, "max_actions_per_traj", 0) or 0) if env_mgr is not None else 1
+    max_tokens = int(getattr(cfg, "response_length", 0) or getattr(cfg, "sequence_length", 0) or 1)
+    return JobSpec(name=job_name(str(getattr(cfg, "exp_name", "") or "roll")), n_rollout_gpus=_gpus(infer),
+                   n_train_gpus=_gpus(train), slo=slo(), model_params_b=_model_params_b(cfg),
+                   max_tokens=max_tokens, batch_size=max(batch, 1), turns=max(turns, 1))

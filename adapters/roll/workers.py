@@ -1,0 +1,91 @@
+"""Worker-side wrappers: they run inside the job's Ray actors, where the package's ``.pth`` hook
+loads the adapter because the driver passed the opt-in variable in the job's runtime environment.
+
+* :func:`wrap_vllm_offload` (``VllmStrategy.offload_states``): ROLL only puts vLLM to sleep when
+  actor_infer is colocated with training; in a disaggregated job the engine would keep its GPU
+  memory between phases and the next job's rollout on that node could not load. Opted in, the
+  engine sleeps in both modes (at the configured ``sleep_level``; level 1 keeps the weights in host
+  memory, and the next ``model_update`` overwrites them anyway).
+* :func:`wrap_batch_rollout` / :func:`wrap_replay_get_batch` (the rollout scheduler actor): rollout
+  progress (finished / total responses) goes to the rollout gate actor, which reports it through
+  ``rollmux.runtime_hook``; a migration directive is logged (ROLL cannot yet move requests between
+  engines in a step).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from rollmux.adapters.roll.gate import gate_name
+
+log = logging.getLogger(__name__)
+
+
+def wrap_vllm_offload(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+    """Sleep a disaggregated vLLM engine too (a coroutine, like the original)."""
+    from roll.utils.offload_states import OffloadStateType
+
+    include = kwargs.get("include", args[0] if args else None)
+    colocated = bool(instance.worker.pipeline_config.is_actor_infer_colocated)
+    weights = include is None or OffloadStateType.model_params in include
+
+    async def offload() -> Any:
+        result = await wrapped(*args, **kwargs)
+        if not colocated and weights and instance.is_model_in_gpu:
+            await instance.model.offload_states(instance.sleep_level)
+            instance.is_model_in_gpu = False
+        return result
+
+    return offload()
+
+
+def report_progress(finished: int, total: int) -> None:
+    """Send rollout progress to the job's rollout gate (fire and forget; never fails the rollout)."""
+    try:
+        import ray
+
+        gate = ray.get_actor(gate_name("rollout"))
+        gate.progress.remote(int(finished), int(total))
+    except Exception as exc:  # progress is advisory: a missing gate must not stop generation
+        log.debug("rollmux: rollout progress not reported: %s", exc)
+
+
+def wrap_batch_rollout(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """``DynamicSamplingScheduler.get_batch_opt_level_0``: one batched generate; 0 / n, then n / n."""
+    total = int(kwargs.get("batch_size", args[1] if len(args) > 1 else 0) or 0)
+
+    async def run() -> Any:
+        report_progress(0, total)
+        result = await wrapped(*args, **kwargs)
+        report_progress(total, total)
+        return result
+
+    return run()
+
+
+class _ProgressBar:
+    """A tqdm stand-in forwarding every ``update`` to the real bar and to the rollout gate."""
+
+    def __init__(self, inner: Any, total: int) -> None:
+        self._inner, self._total, self._done = inner, total, 0
+
+    def update(self, n: int = 1) -> Any:
+        self._done += int(n)
+        report_progress(min(self._done, self._total), self._total)
+        return self._inner.update(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def wrap_replay_get_batch(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> Any:
+    """``ReplayBuffer.get_batch(expected_samples, progress_bar)`` (the request path): per-response progress."""
+    expected = int(kwargs.get("expected_samples", args[0] if args else 0) or 0)
+    bar = kwargs.pop("progress_bar", args[1] if len(args) > 1 else None)
+    rest = args[:1]
+    return wrapped(*rest, progress_bar=_ProgressBar(bar, expected), **kwargs)

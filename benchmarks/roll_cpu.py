@@ -1,0 +1,175 @@
+"""The real ROLL RLVR pipeline on CPU: RollMux's overhead on one job, and two jobs sequential vs multiplexed.
+
+    python benchmarks/roll_cpu.py [--steps 3] [--out DIR] [--check]
+
+Needs ``.venv-roll`` (``bash scripts/setup.sh --dev``) and a redis-server. Five real ROLL jobs (the
+CPU harness of ``tests/adapters/roll``: tiny model, fsdp2_train on gloo, hf_infer, greedy) are built
+at once, each waiting on its own start file, then run one scenario at a time so that no two
+scenarios share the 2 cores:
+
+1. ``u-a`` alone, variable unset (plain ROLL);
+2. ``o-a`` alone, opted in (redis-server + coordinator + a rollout-node and a training-node sidecar,
+   one set per scenario);
+3. ``o-b`` alone, opted in (another learning rate); 2 + 3 are the *sequential* baseline;
+4. ``m-a`` and ``m-b`` together, opted in (*multiplexed*).
+
+Figures, each a ratio from this one run:
+
+* overhead per step alone = wall time per step of ``o-a`` / ``u-a`` - 1, beside offload/reload
+  (ROLL's ``time/*/onload|offload|load`` metrics, which ROLL spends in both runs) reported
+  separately, and the ratio with offload/reload taken out of both (target <= 3 %);
+* makespan ratio = multiplexed makespan / sequential makespan (target < 1: multiplexing wins);
+* per-job slowdown = a job's wall time multiplexed / alone;
+* busy fraction per pool = time the pool's node held a permit / makespan (sequential and multiplexed).
+
+No asserts by default; ``--check`` exits 1 below target. Wall-clock figures depend on machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "adapters" / "roll"))
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+from testbed import Job, Pools, build_assets, launch, phase_records, roll_unavailable  # noqa: E402
+
+TARGET_OVERHEAD, TARGET_MAKESPAN = 0.03, 1.0
+LR = {"a": 1e-3, "b": 3e-3}
+LOAD_KEYS = ("/onload", "/offload", "/load")
+
+
+def _go(wd: Path, name: str) -> Path:
+    return wd / f"go-{name}"
+
+
+def _wait_built(jobs: list[Job], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(j.out.with_suffix(".built").exists() for j in jobs):
+        dead = [j.name for j in jobs if j.proc.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            raise SystemExit(f"jobs {dead or 'all'} did not get built; logs: {[str(j.log) for j in jobs]}")
+        time.sleep(0.5)
+
+
+def _run(jobs: list[Job], go: Path, timeout_s: float) -> dict[str, dict[str, Any]]:
+    go.touch()
+    out = {j.name: j.wait(timeout_s=timeout_s) for j in jobs}
+    bad = {n: r["log_tail"][-1500:] for n, r in out.items() if r["rc"] != 0}
+    if bad:
+        raise SystemExit(f"jobs failed: {bad}")
+    return out
+
+
+def offload_s(res: dict[str, Any]) -> float:
+    """Seconds ROLL reports for offloading / reloading model states in the run."""
+    return sum(float(v) for s in res["steps"] for k, v in s.items()
+               if k.startswith("time/") and k.endswith(LOAD_KEYS) and isinstance(v, (int, float)))
+
+
+def busy(records: list[dict[str, Any]], jobs: set[str], span: tuple[float, float]) -> dict[str, float]:
+    """Fraction of `span` each node held a permit of one of `jobs`."""
+    length = max(span[1] - span[0], 1e-9)
+    out: dict[str, float] = {}
+    for r in records:
+        if r["job"] in jobs:
+            out[r["node"]] = out.get(r["node"], 0.0) + (min(r["t_end"], span[1]) - max(r["t_start"], span[0]))
+    return {n: v / length for n, v in sorted(out.items())}
+
+
+def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
+    """Build every job at once, then run the scenarios one at a time.
+
+    Each opted-in scenario has its own coordinator and sidecars: the coordinator's round-robin waits
+    for every registered job's turn, so a job registered but parked (built, waiting for its scenario)
+    would hold up the jobs that run.
+    """
+    build_assets(wd)
+    scenario = {"o-a": "o-a", "o-b": "o-b", "m-a": "m", "m-b": "m"}
+    pools: dict[str, Pools] = {}
+    jobs: dict[str, Job] = {}
+    try:
+        for sc in ("o-a", "o-b", "m"):
+            (wd / f"pools-{sc}").mkdir(exist_ok=True)
+            pools[sc] = Pools(wd / f"pools-{sc}").start()
+        jobs["u-a"] = launch("u-a", wd, steps=steps, lr=LR["a"], start_file=_go(wd, "u-a"))
+        for name, sc in scenario.items():
+            jobs[name] = launch(name, wd, steps=steps, lr=LR[name[-1]], start_file=_go(wd, sc),
+                                extra_env={**pools[sc].job_env(wd / f"events-{sc}.jsonl"), "ROLLMUX_JOB": name})
+        t0 = time.monotonic()
+        print(f"[roll_cpu] building {len(jobs)} ROLL jobs at once (a few minutes on 2 cores)", flush=True)
+        _wait_built(list(jobs.values()), timeout_s)
+        print(f"[roll_cpu] built in {time.monotonic() - t0:.0f} s", flush=True)
+        res: dict[str, dict[str, Any]] = {}
+        for name in ("u-a", "o-a", "o-b"):
+            print(f"[roll_cpu] running {name} alone", flush=True)
+            res.update(_run([jobs[name]], _go(wd, name), timeout_s))
+        print("[roll_cpu] running m-a and m-b multiplexed", flush=True)
+        res.update(_run([jobs["m-a"], jobs["m-b"]], _go(wd, "m"), timeout_s))
+    finally:
+        for j in jobs.values():
+            j.kill()
+        for p in pools.values():
+            p.stop()
+    records = [r for sc in ("o-a", "o-b", "m") for r in phase_records(wd / f"events-{sc}.jsonl")]
+    return {"res": res, "records": records}
+
+
+def report(m: dict[str, Any], steps: int) -> tuple[list[str], bool]:
+    res, recs = m["res"], m["records"]
+    wall = {n: r["run_s"] for n, r in res.items()}
+    load = {n: offload_s(r) for n, r in res.items()}
+    over = wall["o-a"] / wall["u-a"] - 1
+    over_ex = (wall["o-a"] - load["o-a"]) / max(wall["u-a"] - load["u-a"], 1e-9) - 1
+    seq = (min(res["o-a"]["t_run"], res["o-b"]["t_run"]), max(res["o-a"]["t_done"], res["o-b"]["t_done"]))
+    seq_makespan = wall["o-a"] + wall["o-b"]
+    mux = (min(res["m-a"]["t_run"], res["m-b"]["t_run"]), max(res["m-a"]["t_done"], res["m-b"]["t_done"]))
+    ratio = (mux[1] - mux[0]) / seq_makespan
+    lines = [
+        f"steps per job: {steps}",
+        f"alone, unset:     {wall['u-a'] / steps:7.2f} s/step (offload/reload {load['u-a'] / steps:.2f} s/step)",
+        f"alone, opted in:  {wall['o-a'] / steps:7.2f} s/step (offload/reload {load['o-a'] / steps:.2f} s/step)",
+        f"overhead per step: {over * 100:+.1f} % total, {over_ex * 100:+.1f} % besides offload/reload "
+        f"(target <= {TARGET_OVERHEAD * 100:.0f} %)",
+        f"sequential makespan (o-a then o-b): {seq_makespan:7.2f} s",
+        f"multiplexed makespan (m-a + m-b):   {mux[1] - mux[0]:7.2f} s   ratio {ratio:.3f} "
+        f"(target < {TARGET_MAKESPAN:.1f})",
+        f"per-job slowdown: a {wall['m-a'] / wall['o-a']:.2f}x, b {wall['m-b'] / wall['o-b']:.2f}x",
+        "busy fraction per pool (r0 = rollout, t0 = training): sequential "
+        + ", ".join(f"{n} {v:.2f}" for n, v in busy(recs, {"o-a", "o-b"}, seq).items())
+        + " (over the sequential window incl. the gap between the runs)"
+        + "; multiplexed " + ", ".join(f"{n} {v:.2f}" for n, v in busy(recs, {"m-a", "m-b"}, mux).items()),
+    ]
+    return lines, over_ex <= TARGET_OVERHEAD and ratio < TARGET_MAKESPAN
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3, help="pipeline steps per job (default 3)")
+    ap.add_argument("--out", default=None, help="folder for the jobs' logs and phase records (default: a temp dir)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for any build or run (default 900)")
+    ap.add_argument("--check", action="store_true", help="exit 1 below the targets")
+    args = ap.parse_args()
+    if args.steps < 1:
+        ap.error("--steps must be >= 1")
+    reason = roll_unavailable()
+    if reason:
+        print(f"[roll_cpu] cannot run: {reason}", file=sys.stderr)
+        return 2
+    wd = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="roll_cpu-"))
+    wd.mkdir(parents=True, exist_ok=True)
+    lines, ok = report(measure(wd, args.steps, args.timeout), args.steps)
+    print("\n".join(lines))
+    print(f"[roll_cpu] logs and phase records in {wd}; targets {'met' if ok else 'MISSED'}")
+    return 0 if ok or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

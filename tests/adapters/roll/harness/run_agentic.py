@@ -1,0 +1,101 @@
+"""Run the real ROLL ``AgenticPipeline.run()`` (FrozenLake, one env) for a few steps on CPU.
+
+    PYTHONPATH=<this folder> .venv-roll/bin/python run_agentic.py --assets DIR --workdir DIR --out OUT.json
+
+Same tiny model and stand-ins as ``run_rlvr.py``. Actions come from ROLL's "random" LLM proxy (the
+hf_infer worker has no request path); actor_infer is still built, offloaded, reloaded and updated
+every step, and actor_train and the reference run for real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+AGENT_TEMPLATE = ("Observation:\n{observation}\nUse format '<answer>Right</answer>'. You have {actions_left} actions "
+                  "left.\nDecide the next action:\n")
+
+
+def agentic_config(assets: Path, out: Path, steps: int, name: str, lr: float) -> dict[str, Any]:
+    model = str(assets / "model")
+    args = {"dtype": "fp32", "attn_implementation": "sdpa", "disable_gradient_checkpointing": True}
+
+    def cluster(**extra: Any) -> dict[str, Any]:
+        return {"model_args": dict(args), "data_args": {"template": "native"}, "device_mapping": "[0]",
+                "infer_batch_size": 1, **extra}
+
+    env_manager = {"num_env_groups": 1, "group_size": 1, "max_env_num_per_worker": 1, "tags": ["FrozenLake"],
+                   "num_groups_partition": [1], "llm_proxy": {"proxy_type": "random"}}
+    return {
+        "exp_name": name, "seed": 42, "output_dir": str(out / "output"), "logging_dir": str(out / "logs"),
+        "render_save_dir": str(out / "render"), "track_with": "stdout",
+        "checkpoint_config": {"type": "file_system", "output_dir": str(out / "ckpt")},
+        "max_steps": steps, "save_steps": 10_000, "logging_steps": 1, "eval_steps": 10_000,
+        "rollout_batch_size": 1, "val_batch_size": 1, "sequence_length": 2048, "reward_clip": 20,
+        "advantage_clip": 10.0, "ppo_epochs": 1, "adv_estimator": "reinforce", "init_kl_coef": 0.1,
+        "whiten_advantages": False, "entropy_loss_coef": 0.01, "pretrain": model, "reward_pretrain": model,
+        "num_gpus_per_node": 1, "model_update_buffer_size_mb": 16,
+        "actor_train": cluster(training_args={"learning_rate": lr, "weight_decay": 0, "per_device_train_batch_size": 1,
+                                              "gradient_accumulation_steps": 1, "warmup_steps": 0},
+                               strategy_args={"strategy_name": "fsdp2_train", "strategy_config": {}}),
+        "actor_infer": cluster(generating_args={"max_new_tokens": 4, "num_beams": 1, "do_sample": False,
+                                                "num_return_sequences": 1},
+                               strategy_args={"strategy_name": "vllm", "strategy_config": {}}),
+        "reference": cluster(strategy_args={"strategy_name": "hf_infer", "strategy_config": None}),
+        "enable_response_mask": True, "action_sep": "||", "use_turn_scores": False, "enable_think": False,
+        "max_actions_per_traj": 1, "reward_normalization": {"grouping": "tags", "method": "identity"},
+        "custom_envs": {"FrozenLake": {
+            "env_type": "frozen_lake", "max_steps": 1, "max_tokens_per_step": 16,
+            "agent_system_template": "You're a helpful assistant. You are a good game player.",
+            "agent_template": AGENT_TEMPLATE,
+            "env_instruction": "You are solving the FrozenLake puzzle. The answer must be one action in a turn, "
+                               "format is <answer>Right</answer>",
+            "env_config": {"action_pattern": "<answer>(.*?)</answer>", "max_steps": 1, "format_penalty": -0.001,
+                           "size": 4, "is_slippery": False}}},
+        "train_env_manager": {"format_penalty": -0.001, **env_manager},
+        "val_env_manager": dict(env_manager),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--assets", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--name", default="agentic")
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args()
+    sys.path.insert(0, str(HERE))
+    import assets
+    import dacite
+    from roll.pipeline.agentic.agentic_config import AgenticConfig
+    from run_rlvr import start_ray, worker_patches
+
+    assets.build(Path(args.assets))
+    cfg = dacite.from_dict(AgenticConfig, agentic_config(Path(args.assets), Path(args.workdir), args.steps, args.name,
+                                                         args.lr))
+    cfg.actor_infer.strategy_args.strategy_name = "hf_infer"
+    cfg.actor_infer.worker_cls = "cpu_patches.CpuInferWorker"
+    t0 = time.time()
+    start_ray()
+    from roll.pipeline.agentic.agentic_pipeline import AgenticPipeline
+
+    pipeline = AgenticPipeline(pipeline_config=cfg)
+    t_built = time.time()
+    pipeline.run()
+    t_done = time.time()
+    Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
+                                          "run_s": t_done - t_built, "workers": worker_patches(pipeline)},
+                                         default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

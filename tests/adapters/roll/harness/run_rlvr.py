@@ -1,0 +1,164 @@
+"""Run the real ROLL ``RLVRPipeline.run()`` for a few steps on CPU and write its per-step metrics.
+
+    PYTHONPATH=<this folder> .venv-roll/bin/python run_rlvr.py --assets DIR --out OUT.json [--steps 2]
+
+A tiny local model (``assets.py``), fsdp2_train on gloo for actor_train, hf_infer for actor_infer, ROLL's
+MathRuleRewardWorker and DynamicSamplingScheduler, no reference model (KL coefficient 0: one process
+fewer per job); greedy decoding, so two runs of the same job give the same metrics. The CPU stand-in patches come from ``sitecustomize.py``.
+
+Ray: opted in to RollMux (``ROLLMUX_SIDECAR_SOCKET`` set), ROLL's own ``init()`` runs and the
+adapter gives the job its private Ray instance; not opted in, this script starts a private local
+Ray itself (ROLL's ``init()`` would otherwise start a detached head on port 6379 or join any
+cluster on the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def rlvr_config(assets: Path, out: Path, steps: int, name: str, lr: float = 1e-3) -> dict[str, Any]:
+    """The job's ROLL config as plain data (what a user's YAML holds)."""
+    model = str(assets / "model")
+
+    def cluster(**extra: Any) -> dict[str, Any]:
+        base = {"model_args": {"dtype": "fp32", "attn_implementation": "sdpa", "disable_gradient_checkpointing": True},
+                "data_args": {"template": "native"}, "device_mapping": "[0]", "infer_batch_size": 2}
+        base.update(extra)
+        return base
+
+    return {
+        "exp_name": name, "seed": 42, "output_dir": str(out / "output"), "logging_dir": str(out / "logs"),
+        "track_with": "stdout", "checkpoint_config": {"type": "file_system",
+                                                                           "output_dir": str(out / "ckpt")},
+        "max_steps": steps, "save_steps": 10_000, "logging_steps": 1, "eval_steps": 10_000,
+        "rollout_batch_size": 4, "prompt_length": 32, "response_length": 8,
+        "num_return_sequences_in_group": 1, "generate_opt_level": 0,
+        "max_running_requests": 4, "ppo_epochs": 1, "adv_estimator": "reinforce", "init_kl_coef": 0.0,
+        "entropy_loss_coef": 0.01, "whiten_advantages": False, "pretrain": model, "reward_pretrain": model,
+        "num_gpus_per_node": 1, "model_update_buffer_size_mb": 16, "rpc_timeout": 600,
+        "actor_train": cluster(
+            training_args={"learning_rate": lr, "weight_decay": 0, "per_device_train_batch_size": 2,
+                           "gradient_accumulation_steps": 2, "warmup_steps": 0, "num_train_epochs": 1},
+            data_args={"template": "native", "file_name": [str(assets / "data" / "train.jsonl")],
+                       "messages": "messages", "preprocessing_num_workers": 1,
+                       "domain_interleave_probs": {"math_rule": 1.0}},
+            strategy_args={"strategy_name": "fsdp2_train", "strategy_config": {}}),
+        "actor_infer": cluster(
+            generating_args={"max_new_tokens": 8, "do_sample": False, "num_beams": 1, "num_return_sequences": 1},
+            strategy_args={"strategy_name": "vllm", "strategy_config": {}}),
+        "reference": cluster(strategy_args={"strategy_name": "hf_infer", "strategy_config": None}),
+        "rewards": {"math_rule": {
+            "worker_cls": "roll.pipeline.rlvr.rewards.math_rule_reward_worker.MathRuleRewardWorker",
+            "model_args": {"model_name_or_path": model}, "data_args": {"template": "native"},
+            "tag_included": ["math_rule"], "world_size": 1, "infer_batch_size": 2}},
+    }
+
+
+def build(args: argparse.Namespace) -> Any:
+    import dacite
+    from roll.pipeline.rlvr.rlvr_config import RLVRConfig
+
+    cfg = dacite.from_dict(RLVRConfig, rlvr_config(Path(args.assets), Path(args.workdir), args.steps, args.name, args.lr))
+    # ROLL's config asserts a vllm/sglang actor_infer; on CPU the same worker runs hf_infer (harness report 4.1-2).
+    cfg.actor_infer.strategy_args.strategy_name = "hf_infer"
+    cfg.actor_infer.worker_cls = "cpu_patches.CpuInferWorker"
+    return cfg
+
+
+def start_ray() -> None:
+    from roll.distributed.scheduler import initialize
+
+    if not os.environ.get("ROLLMUX_SIDECAR_SOCKET"):
+        import ray
+        from roll.platforms import current_platform
+        from roll.utils.constants import RAY_NAMESPACE
+
+        ray.init(address="local", namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=16, num_gpus=1,
+                 runtime_env={"env_vars": current_platform.get_custom_env_vars()})
+        initialize.start_ray_cluster = lambda: False
+    initialize.init()
+
+
+def _probe(_actor: object) -> dict[str, object]:
+    """Runs inside a Ray actor: which RollMux patches that process holds."""
+    import sys
+
+    mod = sys.modules.get("rollmux.adapters.roll")
+    return {"loaded": mod is not None, "applied": list(mod.applied()) if mod is not None else []}
+
+
+def worker_patches(pipeline: object) -> dict[str, object]:
+    """RollMux patches in every ROLL worker process of the pipeline (cluster name/rank -> probe)."""
+    import ray
+
+    clusters = [getattr(pipeline, n, None) for n in ("actor_train", "actor_infer", "reference", "critic")]
+    clusters += list((getattr(pipeline, "rewards", None) or {}).values())
+    refs = {}
+    for cluster in clusters:
+        for rank, worker in enumerate(getattr(cluster, "workers", None) or []):
+            refs[f"{cluster.cluster_name}/{rank}"] = worker.__ray_call__.remote(_probe)
+    for domain, sched in (getattr(pipeline, "generate_schedulers", None) or {}).items():
+        refs[f"scheduler/{domain}"] = sched.__ray_call__.remote(_probe)
+    out: dict[str, object] = {}
+    for k, ref in refs.items():
+        try:
+            out[k] = ray.get(ref, timeout=60)
+        except Exception as exc:  # an actor ROLL already shut down
+            out[k] = {"error": type(exc).__name__}
+    return out
+
+
+def wait_for_start(out: Path, start: Path, timeout_s: float = 900.0) -> None:
+    """Tell the test this job is built, then wait until it says go."""
+    out.with_suffix(".built").write_text(str(time.time()))
+    deadline = time.monotonic() + timeout_s
+    while not start.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{start} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--assets", required=True, help="folder made by assets.py (built there when missing)")
+    p.add_argument("--workdir", required=True, help="folder for ROLL's output, logs and checkpoints")
+    p.add_argument("--out", required=True, help="JSON file for the per-step metrics")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--name", default="rlvr")
+    p.add_argument("--lr", type=float, default=1e-3, help="actor learning rate (tells two jobs apart)")
+    p.add_argument("--start-file", help="once built, write OUT.built and wait for this file before run() "
+                   "(lets a test start several jobs' first phases together)")
+    args = p.parse_args()
+    sys.path.insert(0, str(HERE))
+    import assets
+
+    assets.build(Path(args.assets))
+    cfg = build(args)
+    t0 = time.time()
+    start_ray()
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+
+    pipeline = RLVRPipeline(pipeline_config=cfg)
+    t_built = time.time()
+    if args.start_file:
+        wait_for_start(Path(args.out), Path(args.start_file))
+    t_run = time.time()
+    pipeline.run()
+    t_done = time.time()
+    Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
+                                          "run_s": t_done - t_run, "t_run": t_run, "t_done": t_done,
+                                          "workers": worker_patches(pipeline)}, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
