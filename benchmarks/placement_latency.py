@@ -3,9 +3,11 @@
 For each N, fill a cluster with N concurrent jobs (mixed Table 6 workload), then time the
 placement of arriving jobs one by one while an equal number depart, so the cluster stays at N.
 Prints median and p99 latency per N beside the paper's figures, and the offline optimum's
-latency at 5, 9 and 13 jobs.
+latency at 5, 9 and 13 jobs. With every policy mechanism on (the default), an arrival's decision
+is the placement plus the regrouping plan for the arrived job (`regroup.plan_moves`, pair merges
+included); `--no-regroup` times the placement alone, `--no-modes` the paper's Algorithm 1.
 
-    python benchmarks/placement_latency.py --jobs 5,9,13,100,500,1000,2000,5000 [--check]
+    python benchmarks/placement_latency.py --jobs 5,9,13,100,500,1000,2000,5000 [--no-regroup] [--no-modes] [--check]
 
 --check exits non-zero unless p99 <= 30 ms at 2,000 jobs and latency grows no worse than
 linearly (p99 at the largest N over p99 at the smallest N >= 100 stays within 1.5x of N's ratio).
@@ -24,29 +26,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _policy_jobs import mixed_jobs  # noqa: E402
 
-from rollmux.coordinator.policy import ClusterState, RollMuxPolicy  # noqa: E402
+from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy  # noqa: E402
 from rollmux.coordinator.policy.optimum import optimal_partition  # noqa: E402
+from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_moves  # noqa: E402
 
 PAPER_MS = {5: 5.6, 9: 6.5, 13: 7.6, 100: 41.9, 500: 198, 1000: 318, 2000: 591}
 PAPER_OPT_MS = {5: 113.0, 9: "> 1 min", 13: "> 5 h"}
 TARGET_P99_MS_AT_2000 = 30.0
+REMAINING_S = 36_000.0  # every job has 10 h of work left: moves are worth considering
 
 
-def measure(n: int, probes: int, seed: int) -> list[float]:
-    """Latencies (ms) of `probes` placements into a cluster holding `n` jobs."""
-    policy = RollMuxPolicy()
+def measure(n: int, probes: int, seed: int, config: PolicyConfig) -> list[float]:
+    """Latencies (ms) of `probes` arrival decisions into a cluster holding `n` jobs."""
+    policy = RollMuxPolicy(config)
     state = ClusterState()
     jobs = mixed_jobs(n, seed)
-    for job in jobs:
-        state.apply(job, policy.place(job, state))
+    place_batch(jobs, state, policy)
     rng = random.Random(seed + 1)
     alive = [j.name for j in jobs]
     out = []
     for job in mixed_jobs(probes, seed + 2, prefix="probe"):
         t0 = time.perf_counter()
         decision = policy.place(job, state)
+        moves = []
+        if config.regroup:
+            state.apply(job, decision)
+            moves = plan_moves(state, policy, [job.name], lambda _: REMAINING_S)
         out.append((time.perf_counter() - t0) * 1e3)
-        state.apply(job, decision)
+        if not config.regroup:
+            state.apply(job, decision)
+        apply_moves(state, moves)
         alive.append(job.name)
         state.remove_job(alive.pop(rng.randrange(len(alive) - 1)))
     return out
@@ -62,13 +71,17 @@ def main() -> int:
     ap.add_argument("--probes", type=int, default=300, help="placements timed per N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-opt", action="store_true", help="skip the offline optimum's latency")
+    ap.add_argument("--no-regroup", action="store_true", help="time the placement alone (no regrouping plan)")
+    ap.add_argument("--no-modes", action="store_true", help="every job disaggregated (the paper's Algorithm 1)")
     ap.add_argument("--check", action="store_true", help="exit non-zero below target")
     args = ap.parse_args()
+    config = PolicyConfig(modes=not args.no_modes, regroup=not args.no_regroup)
+    print(f"policy: modes={config.modes} regroup={config.regroup}")
     ns = [int(x) for x in args.jobs.split(",")]
     rows = {}
     print(f"{'jobs':>6} {'median ms':>10} {'p99 ms':>8} {'paper ms':>9} {'paper/ours p99':>15} {'opt ms':>10} {'paper opt':>10}")
     for n in ns:
-        lat = measure(n, args.probes, args.seed)
+        lat = measure(n, args.probes, args.seed, config)
         med, tail = statistics.median(lat), p99(lat)
         rows[n] = tail
         paper = PAPER_MS.get(n)

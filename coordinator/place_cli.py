@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for decision in result.decisions:
             console.print(decision.explain(), highlight=False)
+        for move in result.moves:
+            console.print(f"regroup: {move.job} leaves {move.from_group} -> {move.decision.deployment.value}: "
+                          f"{move.reason}", highlight=False)
         console.print()
     _print_summary(console, result)
     if args.json:

@@ -9,6 +9,7 @@ from typing import Any
 from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig, create_policy
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
+from rollmux.coordinator.policy.regroup import Move, place_batch
 from rollmux.coordinator.profiler import resolve
 from rollmux.model import ClusterSpec, JobSpec
 
@@ -36,6 +37,7 @@ BUILTIN_MIX: tuple[JobSpec, ...] = (
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementRun:
     decisions: tuple[PlacementDecision, ...]
+    moves: tuple[Move, ...]  # relocations regrouping made after the placements (docs/policy.md)
     groups: tuple[dict[str, Any], ...]  # one summary per group (ids, jobs, nodes, cost, T_cycle, T_load)
     usd_per_h: float  # total cost of all groups
     solo_usd_per_h: float  # dedicated pools: each job on its own N_R + N_T GPUs
@@ -48,8 +50,10 @@ class PlacementRun:
             "all_within_slo": self.all_within_slo,
             "groups": list(self.groups),
             "decisions": [{"job": d.job, "strategy": d.strategy.value, "group": d.group_id,
-                           "delta_usd_per_h": d.delta_usd_per_h,
-                           "rejections": [str(r) for r in d.rejections]} for d in self.decisions],
+                           "deployment": d.deployment.value, "delta_usd_per_h": d.delta_usd_per_h,
+                           "reason": d.reason, "rejections": [str(r) for r in d.rejections]} for d in self.decisions],
+            "moves": [{"job": m.job, "from_group": m.from_group, "deployment": m.decision.deployment.value,
+                       "saving_usd_per_h": m.saving_usd_per_h, "reason": m.reason} for m in self.moves],
         }
 
 
@@ -58,12 +62,8 @@ def run_placement(jobs: Sequence[JobSpec], cluster: ClusterSpec, *, max_group_si
     """Resolve each job with the profiler, place it, apply the decision; then summarise."""
     policy = create_policy(policy_name, config=PolicyConfig(max_group_size=max_group_size))
     state = ClusterState(cluster)
-    decisions = []
     resolved = [resolve(j, cluster) for j in jobs]
-    for job in resolved:
-        decision = policy.place(job, state)
-        state.apply(job, decision)
-        decisions.append(decision)
+    decisions, moves = place_batch(resolved, state, policy)
     groups = []
     within = True
     for g in state.groups.values():
@@ -74,5 +74,5 @@ def run_placement(jobs: Sequence[JobSpec], cluster: ClusterSpec, *, max_group_si
                        "train_nodes": list(g.train_nodes), "usd_per_h": g.usd_per_h,
                        "t_cycle_s": g.t_cycle_s, "t_load_s": g.t_load_s,
                        "t_coexec_s": periods})
-    return PlacementRun(decisions=tuple(decisions), groups=tuple(groups), usd_per_h=state.usd_per_h,
+    return PlacementRun(decisions=tuple(decisions), moves=tuple(moves), groups=tuple(groups), usd_per_h=state.usd_per_h,
                         solo_usd_per_h=sum(isolated_cost(j, cluster) for j in resolved), all_within_slo=within)

@@ -1,7 +1,8 @@
 """RollMux: phase-level multiplexing of synchronous RL post-training jobs.
 
 The in-process API (`rollmux.register`, `rollmux.init`, `rollmux.phase`, `rollmux.runtime_hook`,
-`rollmux.register_state`) lives in `rollmux.sidecar.shim` and is imported on first use, so
+`rollmux.register_state`) lives in `rollmux.sidecar.shim`, relocation (`rollmux.relocation`,
+`rollmux.relocate`) in `rollmux.sidecar.relocate`; both are imported on first use, so
 `import rollmux` stays cheap and never imports torch.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _SHIM_API = ("init", "phase", "runtime_hook", "register_state", "shutdown", "register", "Registration")
+_RELOCATE_API = ("relocation", "relocate")
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from rollmux.sidecar import shim
 
         return getattr(shim, name)
+    if name in _RELOCATE_API:
+        from rollmux.sidecar import relocate
+
+        return getattr(relocate, name)
     raise AttributeError(f"module 'rollmux' has no attribute {name!r}")

@@ -56,6 +56,18 @@ MAX_STATE_BYTES = 1 << 50
 """Largest resident state per node, bytes (1 PiB)."""
 
 
+class Deployment(str, Enum):
+    """How one job's phases are laid out on the pools (the placement decision says which, and why).
+
+    The coordinator chooses per job unless the job fixes it (`JobSpec.deployment`); adapters read
+    the chosen mode at registration and build their workers to match.
+    """
+
+    DISAGGREGATED = "disaggregated"  # rollout on rollout-pool GPUs, training on training-pool GPUs (a group member)
+    COLOCATED_TRAIN = "colocated-train"  # every phase on training-pool GPUs (alone or time-shared in a group)
+    COLOCATED_ROLLOUT = "colocated-rollout"  # every phase on rollout-pool GPUs (where the training state fits)
+
+
 def _require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
     """Raise a SpecError naming the field, the bad value and the allowed range."""
     if not cond:
@@ -241,10 +253,15 @@ class JobSpec:
     train_state_bytes: int | None = None  # resident host state per training node (None: Table 2 default)
     t_roll_s: float | None = None  # worst-case solo rollout time, s (None: profiler estimate)
     t_train_s: float | None = None  # worst-case solo train time incl. sync, s (None: profiler estimate)
+    deployment: Deployment | None = None  # fixed deployment mode; None: the coordinator chooses the cheapest
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(self.name), "job.name", self.name, "a non-empty string")
         p = f"job[{self.name}]"
+        if isinstance(self.deployment, str) and not isinstance(self.deployment, Deployment):
+            modes = [d.value for d in Deployment]
+            _require(self.deployment in modes, f"{p}.deployment", self.deployment, f"one of {modes} or None")
+            object.__setattr__(self, "deployment", Deployment(self.deployment))
         _positive(self.n_rollout_gpus, f"{p}.n_rollout_gpus", integer=True, high=MAX_JOB_GPUS)
         _positive(self.n_train_gpus, f"{p}.n_train_gpus", integer=True, high=MAX_JOB_GPUS)
         _require(_is_number(self.slo) and 1.0 <= self.slo <= MAX_SLO, f"{p}.slo", self.slo,
@@ -343,3 +360,34 @@ class Migration:
     epoch: int
     keep_nodes: tuple[str, ...]
     release_nodes: tuple[str, ...]
+
+
+class RelocationState(str, Enum):
+    """Where a relocation directive stands (coordinator/service/states.py has its transitions)."""
+
+    PENDING = "pending"  # issued; the job has not switched yet
+    SWITCHED = "switched"  # the job acknowledged at an iteration boundary: its membership moved
+    EXPIRED = "expired"  # the deadline passed first: the job keeps its place
+    CANCELLED = "cancelled"  # no longer worth it (or possible) when the job acknowledged, or the job left
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Relocation:
+    """Regrouping directive: at an iteration boundary, move `job` from `from_group` to `to_group`.
+
+    The one relocation type: the coordinator decides it (`policy.regroup`), its client, the
+    sidecar and the shim pass it on unchanged. `epoch` names the directive (the job acknowledges
+    with it); once SWITCHED, `switched_epoch` is the fencing epoch of the new membership and
+    `rollout_nodes` / `train_nodes` are the job's nodes in its new group.
+    """
+
+    job: str
+    from_group: str
+    to_group: str  # "" = a new group
+    epoch: int
+    deadline_unix_s: float  # wall time after which an unacknowledged directive expires
+    state: RelocationState = RelocationState.PENDING
+    rollout_nodes: tuple[str, ...] = ()
+    train_nodes: tuple[str, ...] = ()
+    switched_epoch: int = 0
+    reason: str = ""

@@ -44,7 +44,7 @@ from rollmux.coordinator.service.client import (
     Permit,
     PermitTimeoutError,
 )
-from rollmux.model import Lease, Migration, Phase, Pool
+from rollmux.model import Lease, Migration, Phase, Pool, Relocation
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar.api import (
     PHASES,
@@ -210,6 +210,9 @@ class NodeAgent:
             self._fan_out(r.job, ("revoked", r))
         elif kind == "migrate":
             self._fan_out(msg.migrate.job, ("migrate", msg.migrate))
+        elif kind == "relocate":
+            self._record("relocation", job=msg.relocate.job, epoch=msg.relocate.epoch, state=msg.relocate.state)
+            self._fan_out(msg.relocate.job, ("relocate", msg.relocate))
 
     def _fan_out(self, job_name: str, event: tuple[str, Any]) -> None:
         with self._cv:
@@ -379,6 +382,12 @@ class NodeAgent:
                 with self._cv:
                     job.acquiring = None
                     self._cv.notify_all()
+            if self.config.node_id not in permit.nodes:  # the job was relocated: its ranks run elsewhere now
+                self._record("grant_elsewhere", job=job.name, phase=phase, iteration=iteration, epoch=permit.epoch,
+                             nodes=list(permit.nodes))
+                raise RankLeaseError(f"job {job.name!r} {phase}({iteration}) was granted on node(s) "
+                                     f"{','.join(permit.nodes)}, not on this node {self.config.node_id}: the job "
+                                     "was relocated; honour the directive (rollmux.relocate()) and attach there")
             with self._cv:
                 if job.aborted is None:
                     job.permit, job.granted_at, job.released = permit, time.time(), {}
@@ -487,6 +496,25 @@ class NodeAgent:
         if permit is None or permit.epoch != epoch:
             return None
         return job.client.report_progress(permit, finished, total)
+
+    def relocate(self, rank_id: str, epoch: int, *, conn: str = "") -> tuple[Relocation, str]:
+        """Acknowledge the job's relocation directive `epoch` at the coordinator (any local rank may).
+
+        Raises:
+            RankLeaseError: unknown rank, or `epoch` names no directive of the job.
+            SidecarUnreachableError: the coordinator cannot be reached.
+        """
+        with self._cv:
+            _, job = self._rank(rank_id, conn)
+        try:
+            rec, note = job.client.ack_relocation(epoch)
+        except FailedPreconditionError as exc:
+            raise RankLeaseError(str(exc)) from None
+        except ServiceError as exc:
+            raise SidecarUnreachableError(f"coordinator {','.join(self.coordinator.targets)} failed the relocation "
+                                          f"call for job {job.name!r}: {exc}") from None
+        self._record("relocation_ack", job=job.name, epoch=epoch, state=rec.state.value, note=note)
+        return rec, note
 
     # ------------------------------------------------------------------------------------- views
     def snapshot(self) -> dict[str, Any]:

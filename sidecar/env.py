@@ -30,3 +30,9 @@ PERMIT_TIMEOUT_S = "ROLLMUX_PERMIT_TIMEOUT_S"
 
 SOCKET_DIR = "ROLLMUX_SOCKET_DIR"
 """Directory of the sidecar's default socket (default ``/run/rollmux``)."""
+
+SIDECAR_SOCKET_TEMPLATE = "ROLLMUX_SIDECAR_SOCKET_TEMPLATE"
+"""Optional. Socket path of any node's sidecar with ``{node}`` for the node id (e.g.
+``/run/rollmux/{node}.sock``, when one host runs several nodes' sidecars): where a relocated rank
+re-attaches in place (``rollmux.relocate``). Unset: a rank whose node changes must be started on
+its new node by the job's launcher, from the checkpoint it wrote."""

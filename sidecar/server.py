@@ -26,6 +26,7 @@ import grpc
 
 from rollmux.coordinator.service.api import NotReadyError, ServiceError
 from rollmux.model import Lease
+from rollmux.proto import convert
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
@@ -206,6 +207,8 @@ class SidecarServicer(spb_grpc.SidecarServicer):
                 yield spb.RankEvent(migrate=spb.Migrate(job=payload.job, epoch=payload.epoch,
                                                         keep_nodes=list(payload.keep_nodes),
                                                         release_nodes=list(payload.release_nodes)))
+            elif kind == "relocate":
+                yield spb.RankEvent(relocate=payload)
 
     @_guarded
     def Acquire(self, request: spb.AcquireRequest, context: grpc.ServicerContext) -> Any:
@@ -247,6 +250,15 @@ class SidecarServicer(spb_grpc.SidecarServicer):
             resp.migrate.CopyFrom(spb.Migrate(job=m.job, epoch=m.epoch, keep_nodes=list(m.keep_nodes),
                                               release_nodes=list(m.release_nodes)))
         return resp
+
+    @_guarded
+    def Relocate(self, request: spb.RelocateRequest, context: grpc.ServicerContext) -> Any:
+        peer = self._peer(context)
+        rank_id = _rank_id(request.rank_id)
+        if request.epoch <= 0:
+            raise _Invalid(f"epoch={request.epoch} is invalid: expected the epoch of the relocation directive")
+        rec, note = self.agent.relocate(rank_id, request.epoch, conn=peer.conn)
+        return spb.RelocateResponse(directive=convert.relocation_to_pb(rec), note=note)
 
     @_guarded
     def Detach(self, request: spb.DetachRequest, context: grpc.ServicerContext) -> Any:

@@ -31,6 +31,10 @@ Long-tail migration: a directive for the running rollout (from the Attach stream
 ``runtime_hook`` answer) is kept on the phase's context (``ctx.migration``) and returned by the
 next ``runtime_hook`` call.
 
+Relocation (regrouping): a directive from the Attach stream is kept on the runtime and returned by
+``rollmux.relocation()``; the job honours it at an iteration boundary with ``rollmux.relocate()``
+(``rollmux.sidecar.relocate``).
+
 The shim always talks to the local sidecar socket; there is no direct-to-coordinator mode.
 """
 
@@ -47,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rollmux.model import Lease, Migration, Phase
+from rollmux.model import Lease, Migration, Phase, Relocation
 from rollmux.sidecar import env, registration
 from rollmux.sidecar.api import (
     PHASES,
@@ -98,6 +102,7 @@ class _Runtime:
 
     socket: str
     job: str
+    token: str = field(repr=False)  # the job token (re-attaching after a relocation); never log it
     rank: int
     timeout_s: float
     event_log: str | None
@@ -114,6 +119,8 @@ class _Runtime:
     broken: str | None = None  # why the sidecar stream ended unexpectedly
     closing: bool = False
     migrations: list[Migration] = field(default_factory=list)
+    relocation: Relocation | None = None  # the job's latest relocation directive heard (rollmux.relocation)
+    relocated: set[int] = field(default_factory=set)  # directive epochs this rank has acted on
     phase_lock: threading.Lock = field(default_factory=threading.Lock)  # guards `current` against the watcher
 
 
@@ -212,7 +219,7 @@ def _attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             raise _unreachable(path, f"the sidecar cannot attach this rank: {exc.details()}") from None
         raise ShimConfigError(f"the sidecar at {path} refused job {job!r} rank {rank}: {exc.details()}") from None
-    rt = _Runtime(socket=path, job=job, rank=rank, timeout_s=timeout_s, event_log=event_log, channel=channel,
+    rt = _Runtime(socket=path, job=job, token=token, rank=rank, timeout_s=timeout_s, event_log=event_log, channel=channel,
                   stub=stub, stream=stream, rank_id=first.attached.rank_id, node_id=first.attached.node_id,
                   pool=first.attached.pool)
     threading.Thread(target=_watch, args=(rt,), name="rollmux-lease", daemon=True).start()
@@ -236,6 +243,12 @@ def _watch(rt: _Runtime) -> None:
                 cur = rt.current
                 if cur is not None and cur.lease is not None and cur.lease.epoch == m.epoch and cur.migration is None:
                     cur.migration = directive
+            elif kind == "relocate":
+                from rollmux.proto.convert import relocation_from_pb
+
+                heard = relocation_from_pb(ev.relocate)
+                if rt.relocation is None or heard.epoch >= rt.relocation.epoch:
+                    rt.relocation = heard
     except grpc.RpcError as exc:
         if not rt.closing:
             rt.broken = f"the sidecar stream ended: {exc.code().name} {exc.details()}"

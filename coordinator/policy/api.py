@@ -13,7 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from rollmux.errors import RollMuxError, SpecError
-from rollmux.model import JobSpec
+from rollmux.model import Deployment, JobSpec, Pool
 
 if TYPE_CHECKING:
     from rollmux.coordinator.policy.state import ClusterState
@@ -71,10 +71,36 @@ class PolicyConfig:
     # the offline optimum on 8-job instances (benchmarks/optimality_gap.py), and the decision stays
     # fast because a whole-group lower bound rejects most saturated groups without simulating.
     fill_saturated: bool = True
+    # Per-job deployment mode (docs/policy.md): also consider co-locating a job on training-pool
+    # GPUs (alone, or time-sharing a group's training pool) and on rollout-pool GPUs, and take the
+    # cheapest feasible. False: every job is a disaggregated group member (the paper's policy).
+    modes: bool = True
+    # Learned phase times: plan members with a high percentile of their measured iterations once
+    # `learn_min_samples` are seen (window `learn_window`), and judge SLOs against their measured
+    # solo iteration. False: worst-case times for the job's whole life.
+    learn: bool = True
+    learn_min_samples: int = 5
+    learn_window: int = 20
+    learn_quantile: float = 0.9
+    # Regrouping: on departures and on SLO risk, relocate members (at iteration boundaries) where
+    # the $ saved over their remaining run exceeds what the move costs; release freed nodes.
+    regroup: bool = True
+    restart_s: float = 60.0  # relocation: stop, restart the actors on other nodes (paper Fig. 4 cold start)
+    checkpoint_gb_s: float = 2.5  # relocation: checkpoint + reload bandwidth per node (20 Gbps storage), GB/s
+    regroup_payback: float = 3.0  # a move must save this many times its own cost
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_group_size, int) or self.max_group_size < 1:
             raise SpecError(f"max_group_size={self.max_group_size!r} is invalid: expected an integer >= 1")
+        if not isinstance(self.learn_min_samples, int) or not 1 <= self.learn_min_samples <= self.learn_window:
+            raise SpecError(f"learn_min_samples={self.learn_min_samples!r} is invalid: expected an integer in "
+                            f"[1, learn_window={self.learn_window}]")
+        if not 0.5 <= self.learn_quantile <= 1.0:
+            raise SpecError(f"learn_quantile={self.learn_quantile!r} is invalid: expected 0.5 <= q <= 1")
+        for name in ("restart_s", "checkpoint_gb_s", "regroup_payback"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and (name != "checkpoint_gb_s" or v > 0)):
+                raise SpecError(f"{name}={v!r} is invalid: expected a number >= 0 (> 0 for a bandwidth)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,12 +116,18 @@ class PlacementDecision:
     delta_usd_per_h: float  # marginal cost: Cost(G') - Cost(G)
     t_coexec_s: dict[str, float] = field(default_factory=dict)  # member -> predicted period after placement
     rejections: tuple[Rejection, ...] = ()
+    deployment: Deployment = Deployment.DISAGGREGATED  # how the job's phases are laid out (returned at registration)
+    train_pool: Pool = Pool.TRAIN  # pool of a new group's training nodes (ROLLOUT: co-located on rollout GPUs)
+    reason: str = ""  # why this mode and place: the alternatives' $/h and why they lost
 
     def explain(self) -> str:
         """One line per candidate: the choice first, then each rejection."""
         where = self.group_id or "new group"
-        lines = [f"{self.job} -> {where} by {self.strategy.value}: +${self.delta_usd_per_h:,.2f}/h "
+        lines = [f"{self.job} -> {where} by {self.strategy.value} ({self.deployment.value}): "
+                 f"+${self.delta_usd_per_h:,.2f}/h "
                  f"(pins {len(self.rollout_nodes)} existing + {self.new_rollout_nodes} new rollout nodes)"]
+        if self.reason:
+            lines.append(f"  why: {self.reason}")
         lines += [f"  rejected {r}" for r in self.rejections]
         return "\n".join(lines)
 

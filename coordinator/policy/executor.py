@@ -43,7 +43,9 @@ class _Run:
         self.index = {m.name: i for i, m in enumerate(members)}
         node_key = {n: f"r{k}" for k, n in enumerate(dict.fromkeys(n for m in members for n in m.rollout_nodes))}
         self.node_of_key: dict[str, Hashable] = {v: k for k, v in node_key.items()}
-        self.nodes = [tuple(node_key[n] for n in m.rollout_nodes) for m in members]
+        # A co-located Rollout runs on the training pool, in its job's turn there (the Train follows in the same turn).
+        self.nodes = [(TRAIN_POOL,) if m.rollout_on_train else tuple(node_key[n] for n in m.rollout_nodes)
+                      for m in members]
         order = {key: tuple(m.name for m, ks in zip(members, self.nodes) if key in ks) for key in self.node_of_key}
         order[TRAIN_POOL] = tuple(self.names)
         self.rings = {key: Ring(order=o, turn=o[0]) for key, o in order.items()}
@@ -65,8 +67,10 @@ class _Run:
         return m.t_roll_s if phase is Phase.ROLLOUT else m.t_train_s
 
     def ask(self, idx: int) -> None:
-        nodes = self.nodes[idx] if self.phase[idx] is Phase.ROLLOUT else (TRAIN_POOL,)
-        self.requests[self.names[idx]] = PhaseRequest(job=self.names[idx], nodes=nodes)
+        rollout = self.phase[idx] is Phase.ROLLOUT
+        nodes = self.nodes[idx] if rollout else (TRAIN_POOL,)
+        keeps = rollout and self.members[idx].rollout_on_train  # Rollout then Train, one turn on the pool
+        self.requests[self.names[idx]] = PhaseRequest(job=self.names[idx], nodes=nodes, keeps_turn=keeps)
 
     def push(self, t: float, kind: int, idx: int, nodes: tuple[str, ...] = ()) -> None:
         self.seq += 1
@@ -88,18 +92,20 @@ class _Run:
         end = t + dur
         if self.phase[idx] is Phase.ROLLOUT:
             self.roll_starts[idx].append(t)
-            free = end if self.release is None else t + min(dur, max(0.0, self.release(idx, self.iteration[idx])))
+            migrates = self.release is not None and not self.members[idx].rollout_on_train
+            free = t + min(dur, max(0.0, self.release(idx, self.iteration[idx]))) if migrates else end  # type: ignore[misc]
             self.roll_end[idx] = end
             self.push(free, _FREE, idx, nodes)
             self.push(end, _END, idx)
-            self.record(idx, Phase.ROLLOUT, t, end, None if self.release is None else free)
+            self.record(idx, Phase.ROLLOUT, t, end, free if migrates else None)
         else:
             self.push(end, _FREE, idx, nodes)
             self.push(end, _END, idx)
             self.record(idx, Phase.TRAIN, t, end, None)
 
     def record(self, idx: int, phase: Phase, start: float, end: float, released: float | None) -> None:
-        nodes = tuple(self.members[idx].rollout_nodes) if phase is Phase.ROLLOUT else (TRAIN_POOL,)
+        m = self.members[idx]
+        nodes = tuple(m.rollout_nodes) if phase is Phase.ROLLOUT and not m.rollout_on_train else (TRAIN_POOL,)
         self.intervals.append(PhaseInterval(job=self.names[idx], phase=phase, iteration=self.iteration[idx],
                                             start_s=start, end_s=end, nodes=nodes, released_s=released))
 

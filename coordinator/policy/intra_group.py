@@ -13,6 +13,11 @@ meta-iteration is a max-plus linear map, and the steady-state period T_coexec is
 against. With per-iteration times (the simulator's stochastic lengths) the period is measured
 over the second half of the simulated horizon.
 
+A co-located member (`MemberTiming.rollout_on_train`) runs its Rollout on the training pool: it
+queues there like a Train, in the same round-robin order, so it time-shares the pool with the other
+members' phases and mutual exclusion and on-policy order hold unchanged. It has no rollout nodes
+and no migration hook (its tail stays where it is).
+
 Long-tail migration (paper §4.3, Fig. 7) is an optional hook: `rollout_release` says when a
 Rollout hands its pinned nodes to the next rollout queued on them, which may be before the
 Rollout itself ends (its remaining tail was consolidated onto a few GPUs). The job's own Train
@@ -41,7 +46,8 @@ class MemberTiming:
     name: str
     t_roll_s: float  # rollout duration on its pinned nodes
     t_train_s: float  # training duration on the group's training pool (sync included)
-    rollout_nodes: tuple[Hashable, ...]  # pinned rollout nodes (any hashable ids)
+    rollout_nodes: tuple[Hashable, ...]  # pinned rollout nodes (any hashable ids); () when co-located
+    rollout_on_train: bool = False  # co-located: the Rollout holds the training pool, like a Train
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,19 +108,24 @@ def simulate_round_robin(members: Sequence[MemberTiming], *, iterations: int | N
             t_roll = m.t_roll_s if phase_time is None else phase_time(idx, it, Phase.ROLLOUT)
             t_train = m.t_train_s if phase_time is None else phase_time(idx, it, Phase.TRAIN)
             start = job_ready[idx]
-            for n in m.rollout_nodes:
-                start = max(start, node_free.get(n, 0.0))
-            end = start + t_roll
-            released = end if rollout_release is None else start + min(t_roll, max(0.0, rollout_release(idx, it)))
-            for n in m.rollout_nodes:
-                node_free[n] = released
+            if m.rollout_on_train:
+                start = max(start, train_free)
+                end = released = train_free = start + t_roll
+            else:
+                for n in m.rollout_nodes:
+                    start = max(start, node_free.get(n, 0.0))
+                end = start + t_roll
+                released = end if rollout_release is None else start + min(t_roll, max(0.0, rollout_release(idx, it)))
+                for n in m.rollout_nodes:
+                    node_free[n] = released
             roll_starts[idx].append(start)
             t_start = max(end, train_free)
             train_free = job_ready[idx] = t_start + t_train
             if record:
+                migrated = rollout_release is not None and not m.rollout_on_train
                 intervals.append(PhaseInterval(job=m.name, phase=Phase.ROLLOUT, iteration=it, start_s=start,
-                                               end_s=end, nodes=tuple(m.rollout_nodes),
-                                               released_s=None if rollout_release is None else released))
+                                               end_s=end, nodes=(TRAIN_POOL,) if m.rollout_on_train else tuple(m.rollout_nodes),
+                                               released_s=released if migrated else None))
                 intervals.append(PhaseInterval(job=m.name, phase=Phase.TRAIN, iteration=it, start_s=t_start,
                                                end_s=train_free, nodes=(TRAIN_POOL,)))
     if phase_time is None and rollout_release is None:
@@ -171,6 +182,8 @@ def _one_iteration_matrix(members: Sequence[MemberTiming]) -> list[list[float]]:
     expr = {key: unit(i) for key, i in index.items()}
     for j, m in enumerate(members):
         start = expr[("job", j)]
+        if m.rollout_on_train:
+            start = vmax(start, expr[("train", None)])
         for n in m.rollout_nodes:
             start = vmax(start, expr[("node", n)])
         end = vadd(start, m.t_roll_s)
@@ -210,12 +223,16 @@ def t_cycle(members: Sequence[MemberTiming]) -> float:
 
 
 def t_load(members: Sequence[MemberTiming]) -> float:
-    """T_load = max(sum of T_train, max over rollout nodes of the T_roll pinned there)."""
+    """T_load = max(load on the training pool, max over rollout nodes of the T_roll pinned there).
+
+    The training pool carries every Train and the Rollouts of co-located members.
+    """
     per_node: dict[Hashable, float] = {}
     for m in members:
         for n in m.rollout_nodes:
             per_node[n] = per_node.get(n, 0.0) + m.t_roll_s
-    return max(sum(m.t_train_s for m in members), max(per_node.values(), default=0.0))
+    train = sum(m.t_train_s + (m.t_roll_s if m.rollout_on_train else 0.0) for m in members)
+    return max(train, max(per_node.values(), default=0.0))
 
 
 def is_saturated(members: Sequence[MemberTiming]) -> bool:

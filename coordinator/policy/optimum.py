@@ -7,6 +7,11 @@ node's DRAM within capacity and every member within its SLO under the round-robi
 sub-subset is infeasible are skipped (removing a job never lengthens anyone's period nor adds
 state), and a dynamic programme over bitmasks picks the cheapest partition.
 
+With deployment modes on (`PolicyConfig.modes`), a job alone costs its cheapest feasible lone
+mode (disaggregated, or co-located on training- or rollout-pool GPUs), as the online policy's new
+groups do; groups of several jobs are disaggregated. Co-located members inside groups are outside
+this search, so the online policy can land below it.
+
 Exponential by nature: refuse more than `MAX_OPT_JOBS` jobs with a clear error.
 """
 
@@ -108,10 +113,17 @@ def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: Policy
     return None
 
 
-def _isolated(job: JobSpec, cluster: ClusterSpec) -> OptimalGroup:
-    r, t = cluster.nodes_for(job.n_rollout_gpus), cluster.nodes_for(job.n_train_gpus)
-    return OptimalGroup(jobs=(job.name,), rollout_nodes=r, train_nodes=t, pinning={job.name: tuple(range(r))},
-                        usd_per_h=r * cluster.node_usd_per_h(Pool.ROLLOUT) + t * cluster.node_usd_per_h(Pool.TRAIN))
+def _alone(job: JobSpec, cluster: ClusterSpec, config: PolicyConfig) -> OptimalGroup:
+    """The job alone in its cheapest lone mode that meets its SLO (disaggregated always does)."""
+    from rollmux.coordinator.policy.placement import allowed_modes, new_group_options
+
+    budget = job.slo * job.t_solo_s * (1 + config.slo_tolerance)
+    options = [o for o in new_group_options(job, cluster, allowed_modes(job, config)) if o.planned_s <= budget]
+    best = min(options, key=lambda o: o.usd_per_h, default=None)
+    if best is None:  # a fixed co-located mode too slow for its SLO: the policy runs it anyway
+        best = new_group_options(job, cluster, allowed_modes(job, config))[0]
+    return OptimalGroup(jobs=(job.name,), rollout_nodes=best.rollout_nodes, train_nodes=best.train_nodes,
+                        pinning={job.name: tuple(range(best.rollout_nodes))}, usd_per_h=best.usd_per_h)
 
 
 def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = None,
@@ -136,7 +148,7 @@ def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = Non
         if bin(mask).count("1") > config.max_group_size or any(mask & bad == bad for bad in infeasible):
             continue
         members = [jobs[i] for i in range(n) if mask >> i & 1]
-        g = cheapest_group(members, cluster, config) if len(members) > 1 else _isolated(members[0], cluster)
+        g = cheapest_group(members, cluster, config) if len(members) > 1 else _alone(members[0], cluster, config)
         group_of[mask] = g
         if g is None:
             infeasible.append(mask)

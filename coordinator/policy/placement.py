@@ -7,8 +7,15 @@ For an arriving job, in group creation order:
   3. reject a placement whose resident state would not fit a node's host DRAM, or whose
      simulated round-robin schedule breaks any member's SLO (a cheap lower bound on the period
      runs before the simulation and rejects most candidates without simulating);
-  4. compare the best with a new isolated group; the lowest marginal $/h wins, ties to the
-     existing (earlier) group.
+  4. compare the best with a new group: isolated and disaggregated (Solo-D shape), or co-located
+     on training-pool GPUs, or on rollout-pool GPUs where the training state fits, each only if
+     its planned iteration meets the SLO; the lowest marginal $/h wins, ties to the existing
+     (earlier) group, then to the disaggregated new group.
+
+Deployment modes (`rollmux.model.Deployment`, `PolicyConfig.modes`): besides joining as a
+disaggregated member (rollout on the group's rollout nodes), a job may join a group co-located on
+its training pool, where its Rollout time-shares the pool with the members' Trains at +$0/h.
+A job that fixes `JobSpec.deployment` is only placed in that mode.
 
 A feasible direct packing costs nothing and ties go to the earliest group, so the first group
 that admits one wins outright: later groups are recorded as not evaluated. This keeps the
@@ -17,8 +24,10 @@ decision fast at thousands of jobs without changing its outcome.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import (
     PlacementDecision,
     PolicyConfig,
@@ -28,9 +37,9 @@ from rollmux.coordinator.policy.api import (
     Strategy,
     register_policy,
 )
-from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
-from rollmux.coordinator.policy.state import ClusterState, GroupState
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
+from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,10 +49,27 @@ class Candidate:
     group: GroupState
     existing_nodes: tuple[str, ...]  # existing rollout nodes to pin to
     new_nodes: int  # rollout nodes to add
+    deployment: Deployment = Deployment.DISAGGREGATED
 
     @property
     def strategy(self) -> Strategy:
         return Strategy.DIRECT_PACKING if self.new_nodes == 0 else Strategy.ROLLOUT_SCALING
+
+    def member(self, job: JobSpec, profile: PhaseProfile | None = None) -> Member:
+        new_ids = tuple(f"<new{i}>" for i in range(self.new_nodes))
+        return self.group.make_member(job, self.existing_nodes + new_ids, self.deployment, profile)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewGroup:
+    """A new group holding only the job, in one deployment mode."""
+
+    deployment: Deployment
+    train_pool: Pool  # pool of its "training" nodes (all of them when co-located)
+    rollout_nodes: int
+    train_nodes: int
+    usd_per_h: float
+    planned_s: float  # the job's planned iteration there
 
 
 def isolated_cost(job: JobSpec, cluster: ClusterSpec) -> float:
@@ -52,7 +78,37 @@ def isolated_cost(job: JobSpec, cluster: ClusterSpec) -> float:
             + cluster.nodes_for(job.n_train_gpus) * cluster.node_usd_per_h(Pool.TRAIN))
 
 
-def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig) -> Rejection | None:
+def allowed_modes(job: JobSpec, config: PolicyConfig) -> tuple[Deployment, ...]:
+    """The job's fixed mode, or every mode (disaggregated only with `modes=False`)."""
+    if job.deployment is not None:
+        return (job.deployment,)
+    return tuple(Deployment) if config.modes else (Deployment.DISAGGREGATED,)
+
+
+def new_group_options(job: JobSpec, cluster: ClusterSpec, allowed: tuple[Deployment, ...]) -> list[NewGroup]:
+    """Every new group the job could start, feasible or not, disaggregated first."""
+    out = []
+    if Deployment.DISAGGREGATED in allowed:
+        out.append(NewGroup(deployment=Deployment.DISAGGREGATED, train_pool=Pool.TRAIN,
+                            rollout_nodes=cluster.nodes_for(job.n_rollout_gpus),
+                            train_nodes=cluster.nodes_for(job.n_train_gpus), usd_per_h=isolated_cost(job, cluster),
+                            planned_s=job.t_solo_s))
+    for mode in (Deployment.COLOCATED_TRAIN, Deployment.COLOCATED_ROLLOUT):
+        if mode not in allowed:
+            continue
+        pool = modes.pool_of(mode)
+        for n in sorted({cluster.nodes_for(job.n_train_gpus), cluster.nodes_for(max(job.n_rollout_gpus, job.n_train_gpus))}):
+            gpus = n * cluster.gpus_per_node
+            if modes.training_fits(job, cluster, pool, gpus):
+                out.append(NewGroup(deployment=mode, train_pool=pool, rollout_nodes=0, train_nodes=n,
+                                    usd_per_h=n * cluster.node_usd_per_h(pool),
+                                    planned_s=modes.colocated_solo_s(job, cluster, pool, gpus)))
+    return out
+
+
+def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
+                       allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
+                       profile: PhaseProfile | None = None, cache: _LoadCache | None = None) -> Rejection | None:
     """Step 1: reasons to skip a group before looking at any placement in it."""
     gid = group.group_id
     if not group.train_available:
@@ -62,6 +118,10 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig) ->
     if len(group.members) >= config.max_group_size:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.GROUP_FULL,
                          message=f"{len(group.members)} jobs = max group size {config.max_group_size}")
+    if not any(group.allows(m) for m in allowed):
+        return Rejection(group_id=gid, strategy=None, reason=RejectReason.TRAIN_POOL,
+                         message=f"group runs on the {group.train_pool.value} pool; job allows "
+                                 f"{', '.join(m.value for m in allowed)}")
     if job.n_train_gpus > group.train_gpus:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.TRAIN_POOL,
                          message=f"job needs {job.n_train_gpus} training GPUs, group has {group.train_gpus}")
@@ -71,100 +131,192 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig) ->
                          message=f"memory on training nodes {','.join(group.train_nodes)}: "
                                  f"{(group.train_dram_used_bytes + job.train_state_bytes) / 1e9:.1f} GB "
                                  f">= {group.train_dram_bytes / 1e9:.1f} GB")
-    return slo_bound_rejection(group, job, config)
+    return slo_bound_rejection(group, job, config, allowed, profile, cache)
 
 
-def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig) -> Rejection | None:
-    """Whole-group SLO pruning: no placement can beat max(T_cycle', sum T_train', node loads).
+def _mode_lower_bound(group: GroupState, member: Member) -> float:
+    """No placement of `member` in `group` has a period below this (shared loads)."""
+    return _bound(group, (member.t_roll_s + member.t_train_in_group_s, member.train_pool_load_s))
+
+
+def _bound(group: GroupState, loads: tuple[float, float]) -> float:
+    """The lower bound from a member's (own cycle, training-pool load) in `group`."""
+    cycle, pool = loads
+    return max(group.t_cycle_s, cycle, group.train_load_s + pool, group.max_node_load_s)
+
+
+_LoadCache = dict[tuple[object, int, Deployment], tuple[float, float]]
+
+
+def _member_loads(group: GroupState, job: JobSpec, mode: Deployment, profile: PhaseProfile | None,
+                  cache: _LoadCache | None) -> tuple[float, float]:
+    """(own cycle, training-pool load) of `job` in `mode` in `group`; the same for every group with
+    the same training pool and size, so `cache` (one placement's) keeps them."""
+    key = (group.train_pool, group.train_gpus, mode)
+    if cache is not None and key in cache:
+        return cache[key]
+    m = group.make_member(job, (), mode, profile)
+    loads = (m.t_roll_s + m.t_train_in_group_s, m.train_pool_load_s)
+    if cache is not None:
+        cache[key] = loads
+    return loads
+
+
+def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
+                        allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
+                        profile: PhaseProfile | None = None, cache: _LoadCache | None = None) -> Rejection | None:
+    """Whole-group SLO pruning: no placement can beat max(T_cycle', training-pool load', node loads).
 
     Every member of a group shares one period, which is at least each of those loads; if that
-    bound already exceeds the tightest SLO budget, no candidate in this group needs simulating.
+    bound already exceeds the tightest SLO budget in every allowed mode, nothing needs simulating.
     """
-    assert job.t_roll_s is not None
-    t_train = group.stretched_train_s(job)
-    lower = max(group.t_cycle_s, job.t_roll_s + t_train, group.train_load_s + t_train, group.max_node_load_s)
-    job_budget = job.slo * job.t_solo_s
+    lower = min(_bound(group, _member_loads(group, job, m, profile, cache)) for m in allowed if group.allows(m))
+    job_budget = job.slo * (profile.t_solo_s if profile else job.t_solo_s)
     budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
     if lower <= budget * (1.0 + config.slo_tolerance):
         return None
-    spec = group.members[who].spec if who in group.members else job
+    member = group.members.get(who)
+    t_solo, slo = (member.profile.t_solo_s, member.spec.slo) if member else (job.t_solo_s, job.slo)
     return Rejection(group_id=group.group_id, strategy=None, reason=RejectReason.SLO,
-                     message=f"SLO of job {who}: at least {lower / spec.t_solo_s:.2f} > {spec.slo:.2f} "
-                             "whatever the placement")
+                     message=f"SLO of job {who}: at least {lower / t_solo:.2f} > {slo:.2f} whatever the placement")
 
 
-def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec) -> tuple[list[Candidate], Rejection | None]:
-    """Step 2: direct packing, then rollout scaling with 1..k new nodes, cheapest first.
+def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec,
+               allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,)) -> tuple[list[Candidate], Rejection | None]:
+    """Step 2: direct packing, co-location on the group's pool, then rollout scaling, cheapest first.
 
     Existing nodes are taken least loaded first (by the T_roll already pinned there), among those
     whose host DRAM still has room for the job's rollout state.
     """
-    assert job.rollout_state_bytes is not None
-    k = cluster.nodes_for(job.n_rollout_gpus)
-    roomy = sorted((n for n in group.rollout.values()
-                    if n.available and n.dram_used_bytes + job.rollout_state_bytes < n.host_dram_bytes),
-                   key=lambda n: (n.load_s, n.node_id))
-    out = [Candidate(group=group, existing_nodes=tuple(n.node_id for n in roomy[: k - s]), new_nodes=s)
-           for s in range(0, k + 1) if len(roomy) >= k - s]
+    assert job.rollout_state_bytes is not None and job.train_state_bytes is not None
+    out: list[Candidate] = []
     memory_note = None
-    if len(roomy) < k:
-        full = [n.node_id for n in group.rollout.values() if n not in roomy]
-        memory_note = Rejection(group_id=group.group_id, strategy=Strategy.DIRECT_PACKING,
-                                reason=RejectReason.HOST_DRAM,
-                                message=f"memory on node(s) {','.join(full) or '-'}: only {len(roomy)} of "
-                                        f"{len(group.rollout)} rollout nodes have room, job needs {k}")
+    colocated = modes.colocated_mode(group.train_pool)
+    if Deployment.DISAGGREGATED in allowed and group.allows(Deployment.DISAGGREGATED):
+        k = cluster.nodes_for(job.n_rollout_gpus)
+        roomy = sorted((n for n in group.rollout.values()
+                        if n.available and n.dram_used_bytes + job.rollout_state_bytes < n.host_dram_bytes),
+                       key=lambda n: (n.load_s, n.node_id))
+        out = [Candidate(group=group, existing_nodes=tuple(n.node_id for n in roomy[: k - s]), new_nodes=s)
+               for s in range(0, k + 1) if len(roomy) >= k - s]
+        if len(roomy) < k:
+            full = [n.node_id for n in group.rollout.values() if n not in roomy]
+            memory_note = Rejection(group_id=group.group_id, strategy=Strategy.DIRECT_PACKING,
+                                    reason=RejectReason.HOST_DRAM,
+                                    message=f"memory on node(s) {','.join(full) or '-'}: only {len(roomy)} of "
+                                            f"{len(group.rollout)} rollout nodes have room, job needs {k}")
+    if (colocated in allowed and modes.training_fits(job, cluster, group.train_pool, group.train_gpus)
+            and group.train_dram_used_bytes + job.train_state_bytes + job.rollout_state_bytes < group.train_dram_bytes):
+        at = 1 if out and out[0].new_nodes == 0 else 0  # after direct packing: same +$0/h, less pool load
+        out.insert(at, Candidate(group=group, existing_nodes=(), new_nodes=0, deployment=colocated))
     return out, memory_note
 
 
-def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig) -> tuple[dict[str, float] | None, Rejection | None]:
+def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig,
+              profile: PhaseProfile | None = None) -> tuple[dict[str, float] | None, Rejection | None]:
     """Step 3: simulate the intra-group schedule with the job added; reject on any SLO breach."""
     group = cand.group
-    assert job.t_roll_s is not None
-    t_train = group.stretched_train_s(job)
+    member = cand.member(job, profile)
     # Cheap necessary condition first: every member's period is at least max(T_cycle', T_load').
-    node_loads = [group.rollout[n].load_s + job.t_roll_s for n in cand.existing_nodes]
-    if cand.new_nodes:
-        node_loads.append(job.t_roll_s)
-    lower = max(group.t_cycle_s, job.t_roll_s + t_train, group.train_load_s + t_train,
-                group.max_node_load_s, *node_loads)
-    budget = min(group.min_budget_s, job.slo * job.t_solo_s)
+    node_loads = [group.rollout[n].load_s + member.t_roll_s for n in cand.existing_nodes]
+    lower = max([_mode_lower_bound(group, member), *node_loads])
+    budget = min(group.min_budget_s, member.budget_s)
     tol = 1.0 + config.slo_tolerance
     if lower > budget * tol:
         return None, _slo_rejection(cand, job, {n: lower for n in [*group.members, job.name]})
-    new_nodes = tuple(f"<new{i}>" for i in range(cand.new_nodes))
-    timings = group.timings() + [MemberTiming(name=job.name, t_roll_s=job.t_roll_s, t_train_s=t_train,
-                                              rollout_nodes=cand.existing_nodes + new_nodes)]
+    timings = group.timings() + [member.timing()]
     period = cycle_time(timings)  # exact steady state of the round-robin schedule
     periods = {t.name: period for t in timings}
-    budgets = {n: m.budget_s for n, m in group.members.items()} | {job.name: job.slo * job.t_solo_s}
+    budgets = {n: m.budget_s for n, m in group.members.items()} | {job.name: member.budget_s}
     if any(periods[n] > budgets[n] * tol for n in periods):
         return None, _slo_rejection(cand, job, periods)
     return periods, None
 
 
 def _slo_rejection(cand: Candidate, job: JobSpec, periods: dict[str, float]) -> Rejection:
-    specs = {n: m.spec for n, m in cand.group.members.items()} | {job.name: job}
-    worst = max(periods, key=lambda n: periods[n] / specs[n].t_solo_s - specs[n].slo)
-    spec = specs[worst]
+    solo = {n: (m.profile.t_solo_s, m.spec.slo) for n, m in cand.group.members.items()} | {job.name: (job.t_solo_s, job.slo)}
+    worst = max(periods, key=lambda n: periods[n] / solo[n][0] - solo[n][1])
+    t_solo, slo = solo[worst]
+    how = "" if cand.deployment is Deployment.DISAGGREGATED else f", {cand.deployment.value}"
     return Rejection(group_id=cand.group.group_id, strategy=cand.strategy, reason=RejectReason.SLO,
-                     message=f"SLO of job {worst}: {periods[worst] / spec.t_solo_s:.2f} > {spec.slo:.2f} "
-                             f"(+{cand.new_nodes} rollout nodes)")
+                     message=f"SLO of job {worst}: {periods[worst] / t_solo:.2f} > {slo:.2f} "
+                             f"(+{cand.new_nodes} rollout nodes{how})")
+
+
+class PhaseLearnerLike(Protocol):
+    def prior(self, job: JobSpec) -> PhaseProfile: ...
+
+    def shrink(self) -> tuple[float, float]: ...
 
 
 class RollMuxPolicy:
-    """Cost-minimising placement under SLO and host-memory limits (paper Algorithm 1)."""
+    """Cost-minimising placement under SLO and host-memory limits (paper Algorithm 1, with deployment modes)."""
 
     name = "rollmux"
 
     def __init__(self, config: PolicyConfig | None = None, **_: object) -> None:
         self.config = config or PolicyConfig()
+        self.learner: PhaseLearnerLike | None = None  # set by whoever feeds measured times (sim, coordinator)
 
-    def place(self, job: JobSpec, state: ClusterState) -> PlacementDecision:
+    def initial_profile(self, job: JobSpec) -> PhaseProfile:
+        """How a job without measurements is planned: its worst case, judged against the fleet's learned prior."""
+        if self.learner is not None and self.config.learn:
+            return self.learner.prior(job)
+        return PhaseProfile.planned(job)
+
+    def place(self, job: JobSpec, state: ClusterState, exclude: str | None = None,
+              measured: bool = False) -> PlacementDecision:
+        """Where `job` goes; `exclude` names a group not to consider (relocating a member out of it).
+
+        `measured`: the job's times are its learned ones (a running job being moved), so they are
+        used as they are, without the fleet prior a newcomer is judged against.
+        """
         if not job.has_times or job.rollout_state_bytes is None or job.train_state_bytes is None:
             raise PolicyError(f"job {job.name} is not resolved: call profiler.resolve() before placing it")
+        allowed = allowed_modes(job, self.config)
+        profile = PhaseProfile.planned(job) if measured else self.initial_profile(job)
+        rejections: list[Rejection] = []
+        best = self._best_join(job, state, allowed, exclude, rejections, profile)
+        # A lone job's slowdown is its own time there over its own solo time: compare them on the
+        # same (prior-shrunk) times, as its owner would measure both.
+        lone = job
+        if self.learner is not None and self.config.learn and not measured:
+            r, t = self.learner.shrink()
+            lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
+        options = new_group_options(lone, state.cluster, allowed)
+        budget = job.slo * lone.t_solo_s * (1.0 + self.config.slo_tolerance)
+        feasible = [o for o in options if o.planned_s <= budget]
+        for o in options:
+            if o not in feasible:
+                rejections.append(Rejection(group_id="new", strategy=Strategy.ISOLATED, reason=RejectReason.SLO,
+                                            message=f"{o.deployment.value} alone on {o.train_nodes} {o.train_pool.value} "
+                                                    f"node(s): {o.planned_s / lone.t_solo_s:.2f} > {job.slo:.2f}"))
+        if not feasible:  # nothing meets the SLO alone (a fixed co-located mode that is too slow): run it anyway
+            feasible = options[:1] if best is None else []
+        fresh = min(feasible, key=lambda o: o.usd_per_h, default=None)
+        reason = "; ".join(f"{o.deployment.value} alone ${o.usd_per_h:,.2f}/h" for o in feasible)
+        if best is not None and (fresh is None or best[0] <= fresh.usd_per_h):
+            delta, cand, periods = best
+            return PlacementDecision(
+                job=job.name, strategy=cand.strategy, group_id=cand.group.group_id,
+                rollout_nodes=cand.existing_nodes, new_rollout_nodes=cand.new_nodes, new_train_nodes=0,
+                delta_usd_per_h=delta, t_coexec_s=periods, rejections=tuple(rejections), deployment=cand.deployment,
+                reason=f"cheapest feasible: {cand.deployment.value} in {cand.group.group_id} at +${delta:,.2f}/h"
+                       + (f" vs {reason}" if reason else ""))
+        assert fresh is not None
+        return PlacementDecision(
+            job=job.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
+            new_rollout_nodes=fresh.rollout_nodes, new_train_nodes=fresh.train_nodes, delta_usd_per_h=fresh.usd_per_h,
+            t_coexec_s={job.name: fresh.planned_s * job.t_solo_s / lone.t_solo_s}, rejections=tuple(rejections), deployment=fresh.deployment,
+            train_pool=fresh.train_pool,
+            reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
+                   f"(planned slowdown {fresh.planned_s / lone.t_solo_s:.2f} <= SLO {job.slo:.2f}) of {reason}")
+
+    def _best_join(self, job: JobSpec, state: ClusterState, allowed: tuple[Deployment, ...], exclude: str | None,
+                   rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:
+        """Steps 1-3 over the existing groups: the cheapest feasible join, ties to the earlier group."""
         cluster = state.cluster
         node_price = cluster.node_usd_per_h(Pool.ROLLOUT)
-        rejections: list[Rejection] = []
         if self.config.fill_saturated:
             groups = list(state.groups.values())
         else:  # Algorithm 1, line 4; the state keeps this index, so no per-group work here
@@ -175,43 +327,34 @@ class RollMuxPolicy:
                                             reason=RejectReason.SATURATED,
                                             message=f"{len(saturated)} group(s) have T_load >= T_cycle"))
         best: tuple[float, Candidate, dict[str, float]] | None = None
+        cache: _LoadCache = {}
         for i, group in enumerate(groups):
             if best is not None and best[0] == 0.0:
                 rejections += [Rejection(group_id=g.group_id, strategy=None, reason=RejectReason.NOT_EVALUATED,
                                          message=f"{best[1].group.group_id} already packs the job at +$0/h")
                                for g in groups[i:]]
                 break
-            pruned = group_prune_reason(group, job, self.config)
+            if group.group_id == exclude:
+                continue
+            pruned = group_prune_reason(group, job, self.config, allowed, profile, cache)
             if pruned is not None:
                 rejections.append(pruned)
                 continue
-            cands, memory_note = candidates(group, job, cluster)
+            cands, memory_note = candidates(group, job, cluster, allowed)
             if memory_note is not None:
                 rejections.append(memory_note)
             for cand in cands:
                 delta = cand.new_nodes * node_price
                 if best is not None and delta >= best[0]:
                     break  # cheaper-first order: nothing further in this group can win
-                periods, rejected = slo_check(cand, job, self.config)
+                periods, rejected = slo_check(cand, job, self.config, profile)
                 if rejected is not None:
                     rejections.append(rejected)
                     continue
                 assert periods is not None
                 best = (delta, cand, periods)
                 break
-        iso = isolated_cost(job, cluster)
-        if best is None or iso < best[0]:
-            return PlacementDecision(
-                job=job.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
-                new_rollout_nodes=cluster.nodes_for(job.n_rollout_gpus),
-                new_train_nodes=cluster.nodes_for(job.n_train_gpus), delta_usd_per_h=iso,
-                t_coexec_s={job.name: job.t_roll_s + job.t_train_s},  # type: ignore[operator]
-                rejections=tuple(rejections))
-        delta, cand, periods = best
-        return PlacementDecision(
-            job=job.name, strategy=cand.strategy, group_id=cand.group.group_id,
-            rollout_nodes=cand.existing_nodes, new_rollout_nodes=cand.new_nodes, new_train_nodes=0,
-            delta_usd_per_h=delta, t_coexec_s=periods, rejections=tuple(rejections))
+        return best
 
 
 register_policy(RollMuxPolicy.name, RollMuxPolicy)

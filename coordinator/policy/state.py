@@ -18,9 +18,10 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.intra_group import MemberTiming
-from rollmux.model import ClusterSpec, Group, JobSpec, Placement, Pool
+from rollmux.model import ClusterSpec, Deployment, Group, JobSpec, Placement, Pool
 
 
 @dataclass(slots=True)
@@ -33,25 +34,61 @@ class RolloutNodeState:
     available: bool = True  # False while the node is draining, drained or lost: place nothing on it
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseProfile:
+    """The phase times the policy plans a job with: worst case at first, learned once confident."""
+
+    t_roll_s: float  # solo rollout on the job's own N_R rollout-pool GPUs, s
+    t_train_s: float  # solo train (sync included) on its own N_T training-pool GPUs, s
+    t_solo_s: float  # the solo iteration its SLO is judged against, s
+    learned: bool = False  # from measured iterations (coordinator/policy/learning.py)
+
+    @classmethod
+    def planned(cls, job: JobSpec) -> PhaseProfile:
+        assert job.t_roll_s is not None and job.t_train_s is not None
+        return cls(t_roll_s=job.t_roll_s, t_train_s=job.t_train_s, t_solo_s=job.t_solo_s)
+
+
 @dataclass(slots=True)
 class Member:
     spec: JobSpec  # resolved (times and state bytes present)
-    rollout_nodes: tuple[str, ...]
-    t_train_in_group_s: float  # T_train stretched to the group's training pool
+    rollout_nodes: tuple[str, ...]  # () when co-located
+    deployment: Deployment
+    roll_factor: float  # rollout time in this group over the solo rollout (hardware; 1 when disaggregated)
+    train_factor: float  # train time in this group over the solo train (stretch to the pool, hardware)
+    switch_roll_s: float  # warm load before each Rollout (co-located only; planned)
+    switch_train_s: float  # warm load before each Train (co-located only; planned)
+    profile: PhaseProfile
+
+    @property
+    def colocated(self) -> bool:
+        return self.deployment is not Deployment.DISAGGREGATED
 
     @property
     def t_roll_s(self) -> float:
-        assert self.spec.t_roll_s is not None
-        return self.spec.t_roll_s
+        """Rollout duration in the group (on its rollout nodes, or on the training pool when co-located)."""
+        return self.profile.t_roll_s * self.roll_factor + self.switch_roll_s
+
+    @property
+    def t_train_in_group_s(self) -> float:
+        """T_train stretched to the group's training pool (and its GPU type), with its warm load;
+        a co-located member's weights stay on its GPUs (no sync over the inter-cluster link)."""
+        sync = modes.sync_s(self.spec) if self.colocated else 0.0
+        return max(0.0, self.profile.t_train_s - sync) * self.train_factor + self.switch_train_s
+
+    @property
+    def train_pool_load_s(self) -> float:
+        """Seconds per iteration this member holds the training pool (its Rollout too when co-located)."""
+        return self.t_train_in_group_s + (self.t_roll_s if self.colocated else 0.0)
 
     @property
     def budget_s(self) -> float:
         """SLO x T_solo: the longest co-execution iteration this member accepts."""
-        return self.spec.slo * self.spec.t_solo_s
+        return self.spec.slo * self.profile.t_solo_s
 
     def timing(self) -> MemberTiming:
         return MemberTiming(name=self.spec.name, t_roll_s=self.t_roll_s, t_train_s=self.t_train_in_group_s,
-                            rollout_nodes=self.rollout_nodes)
+                            rollout_nodes=self.rollout_nodes, rollout_on_train=self.colocated)
 
 
 class GroupState:
@@ -59,12 +96,13 @@ class GroupState:
 
     __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
                  "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
-                 "train_unavailable", "_cluster")
+                 "train_pool", "train_unavailable", "_cluster")
 
     def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
-                 train_dram_bytes: int) -> None:
+                 train_dram_bytes: int, train_pool: Pool = Pool.TRAIN) -> None:
         self.group_id = group_id
         self._cluster = cluster
+        self.train_pool = train_pool  # where the group's "training" nodes are (ROLLOUT: a co-located H20 group)
         self.train_nodes = train_nodes
         self.train_gpus = len(train_nodes) * cluster.gpus_per_node
         self.train_dram_bytes = train_dram_bytes  # capacity of the smallest training node
@@ -96,7 +134,7 @@ class GroupState:
     @property
     def usd_per_h(self) -> float:
         c = self._cluster
-        return len(self.rollout) * c.node_usd_per_h(Pool.ROLLOUT) + len(self.train_nodes) * c.node_usd_per_h(Pool.TRAIN)
+        return len(self.rollout) * c.node_usd_per_h(Pool.ROLLOUT) + len(self.train_nodes) * c.node_usd_per_h(self.train_pool)
 
     def timings(self) -> list[MemberTiming]:
         return [m.timing() for m in self.members.values()]
@@ -104,7 +142,24 @@ class GroupState:
     def stretched_train_s(self, job: JobSpec) -> float:
         """Train time when the job's data parallelism stretches to this group's pool (linear)."""
         assert job.t_train_s is not None
-        return job.t_train_s * job.n_train_gpus / self.train_gpus
+        return job.t_train_s * modes.train_factor(job, self._cluster, self.train_pool, self.train_gpus)
+
+    def allows(self, deployment: Deployment) -> bool:
+        """Disaggregated members need a training-pool group; co-located ones run on the group's own pool."""
+        if deployment is Deployment.DISAGGREGATED:
+            return self.train_pool is Pool.TRAIN
+        return modes.pool_of(deployment) is self.train_pool
+
+    def make_member(self, job: JobSpec, rollout_nodes: tuple[str, ...], deployment: Deployment,
+                    profile: PhaseProfile | None = None) -> Member:
+        """`job` as a member of this group in `deployment` (not added)."""
+        c, pool, gpus = self._cluster, self.train_pool, self.train_gpus
+        colocated = deployment is not Deployment.DISAGGREGATED
+        sw_r, sw_t = modes.switch_s(job, c) if colocated else (0.0, 0.0)
+        return Member(spec=job, rollout_nodes=() if colocated else rollout_nodes, deployment=deployment,
+                      roll_factor=modes.roll_factor(job, c, pool, gpus) if colocated else 1.0,
+                      train_factor=modes.train_factor(job, c, pool, gpus), switch_roll_s=sw_r, switch_train_s=sw_t,
+                      profile=profile or PhaseProfile.planned(job))
 
     # -- mutation ------------------------------------------------------------------------------
     def add_rollout_node(self, node_id: str, host_dram_bytes: int) -> None:
@@ -112,44 +167,68 @@ class GroupState:
             raise PolicyError(f"rollout node {node_id} is already in group {self.group_id}")
         self.rollout[node_id] = RolloutNodeState(node_id=node_id, host_dram_bytes=host_dram_bytes)
 
-    def add_member(self, job: JobSpec, rollout_nodes: tuple[str, ...]) -> None:
-        assert job.rollout_state_bytes is not None and job.train_state_bytes is not None
-        member = Member(spec=job, rollout_nodes=rollout_nodes, t_train_in_group_s=self.stretched_train_s(job))
+    def add_member(self, job: JobSpec, rollout_nodes: tuple[str, ...],
+                   deployment: Deployment = Deployment.DISAGGREGATED, profile: PhaseProfile | None = None) -> Member:
+        if not self.allows(deployment):
+            raise PolicyError(f"group {self.group_id} on the {self.train_pool.value} pool cannot hold "
+                              f"{job.name} {deployment.value}")
+        member = self.make_member(job, rollout_nodes, deployment, profile)
         self.members[job.name] = member
-        for n in rollout_nodes:
+        self._add_loads(member)
+        return member
+
+    def _add_loads(self, member: Member) -> None:
+        job = member.spec
+        assert job.rollout_state_bytes is not None and job.train_state_bytes is not None
+        for n in member.rollout_nodes:
             node = self.rollout[n]
             node.jobs.append(job.name)
             node.load_s += member.t_roll_s
             node.dram_used_bytes += job.rollout_state_bytes
             self.max_node_load_s = max(self.max_node_load_s, node.load_s)
-        self.train_dram_used_bytes += job.train_state_bytes
-        self.train_load_s += member.t_train_in_group_s
+        self.train_dram_used_bytes += job.train_state_bytes + (job.rollout_state_bytes if member.colocated else 0)
+        self.train_load_s += member.train_pool_load_s
         self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
         if member.budget_s < self.min_budget_s:
             self.min_budget_s, self.min_budget_job = member.budget_s, job.name
 
-    def remove_member(self, name: str) -> list[str]:
-        """Remove a member; returns the rollout nodes left empty (released)."""
-        member = self.members.pop(name)
-        job = member.spec
+    def _drop_loads(self, member: Member, release: bool = True) -> list[str]:
+        """Take the member's loads off its nodes; with `release`, nodes left empty leave the group."""
+        job, name = member.spec, member.spec.name
         released = []
         for n in member.rollout_nodes:
             node = self.rollout[n]
             node.jobs.remove(name)
             node.load_s -= member.t_roll_s
             node.dram_used_bytes -= job.rollout_state_bytes or 0
-            if not node.jobs:
+            if release and not node.jobs:
                 del self.rollout[n]
                 released.append(n)
-        self.train_dram_used_bytes -= job.train_state_bytes or 0
-        self.train_load_s -= member.t_train_in_group_s
+        self.train_dram_used_bytes -= (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
+        self.train_load_s -= member.train_pool_load_s
+        return released
+
+    def _refresh_summaries(self) -> None:
         ms = list(self.members.values())
         self.t_cycle_s = max((m.t_roll_s + m.t_train_in_group_s for m in ms), default=0.0)
         tightest = min(ms, key=lambda m: m.budget_s, default=None)
         self.min_budget_s = tightest.budget_s if tightest else float("inf")
         self.min_budget_job = tightest.spec.name if tightest else ""
         self.max_node_load_s = max((r.load_s for r in self.rollout.values()), default=0.0)
+
+    def remove_member(self, name: str) -> list[str]:
+        """Remove a member; returns the rollout nodes left empty (released)."""
+        released = self._drop_loads(self.members.pop(name))
+        self._refresh_summaries()
         return released
+
+    def set_profile(self, name: str, profile: PhaseProfile) -> None:
+        """Plan member `name` with new phase times (learned), keeping its place in the round-robin order."""
+        member = self.members[name]
+        self._drop_loads(member, release=False)
+        member.profile = profile
+        self._add_loads(member)
+        self._refresh_summaries()
 
     def check_invariants(self) -> None:
         """DRAM within capacity on every node; node job lists match member placements."""
@@ -230,8 +309,8 @@ class ClusterState:
     def _train_dram(self, train_nodes: Iterable[str]) -> int:
         return min((self._dram(n) for n in train_nodes), default=self.cluster.host_dram_bytes)
 
-    def _new_group(self, group_id: str, train_nodes: tuple[str, ...]) -> GroupState:
-        group = GroupState(group_id, self.cluster, train_nodes, self._train_dram(train_nodes))
+    def _new_group(self, group_id: str, train_nodes: tuple[str, ...], train_pool: Pool = Pool.TRAIN) -> GroupState:
+        group = GroupState(group_id, self.cluster, train_nodes, self._train_dram(train_nodes), train_pool)
         group.train_unavailable = {n for n in train_nodes if n in self.unavailable}
         return group
 
@@ -241,9 +320,9 @@ class ClusterState:
 
     def gpus_in_use(self, pool: Pool) -> int:
         per = self.cluster.gpus_per_node
-        if pool is Pool.ROLLOUT:
-            return sum(len(g.rollout) for g in self.groups.values()) * per
-        return sum(len(g.train_nodes) for g in self.groups.values()) * per
+        rollout = pool is Pool.ROLLOUT
+        return sum((len(g.rollout) if rollout else 0) + (len(g.train_nodes) if g.train_pool is pool else 0)
+                   for g in self.groups.values()) * per
 
     def _fresh_nodes(self, pool: Pool, count: int) -> list[str]:
         prefix = "r" if pool is Pool.ROLLOUT else "t"
@@ -261,7 +340,8 @@ class ClusterState:
             raise PolicyError(f"decision pins {job.name} to node(s) {','.join(down)}, which cannot take work")
         if decision.strategy is Strategy.ISOLATED:
             gid = f"g{next(self._group_seq)}"
-            group = self._new_group(gid, tuple(alloc(Pool.TRAIN, decision.new_train_nodes)))
+            pool = decision.train_pool
+            group = self._new_group(gid, tuple(alloc(pool, decision.new_train_nodes)), pool)
             self.groups[gid] = group
         else:
             assert decision.group_id is not None
@@ -272,7 +352,7 @@ class ClusterState:
         new_ids = alloc(Pool.ROLLOUT, decision.new_rollout_nodes) if decision.new_rollout_nodes else []
         for n in new_ids:
             self._add_rollout_node(group, n)
-        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids))
+        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids), decision.deployment)
         group.check_invariants()
         self.job_group[job.name] = group.group_id
         self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group.group_id))
@@ -280,19 +360,21 @@ class ClusterState:
         return group
 
     def restore_group(self, group_id: str, train_nodes: tuple[str, ...], rollout_nodes: tuple[str, ...],
-                      members: Iterable[tuple[JobSpec, tuple[str, ...]]]) -> GroupState:
+                      members: Iterable[tuple[JobSpec, tuple[str, ...]] | tuple[JobSpec, tuple[str, ...], Deployment]],
+                      train_pool: Pool = Pool.TRAIN) -> GroupState:
         """Rebuild a group from durable records (coordinator restart), keeping indexes and ids consistent.
 
-        Members come in round-robin order with their pinned rollout nodes. New group ids continue
-        after the highest restored numeric id, so a restored cluster never reuses an id.
+        Members come in round-robin order with their pinned rollout nodes (and their deployment
+        mode; disaggregated when left out). New group ids continue after the highest restored
+        numeric id, so a restored cluster never reuses an id.
         """
         if group_id in self.groups:
             raise PolicyError(f"group {group_id} already exists")
-        group = self._new_group(group_id, tuple(train_nodes))
+        group = self._new_group(group_id, tuple(train_nodes), train_pool)
         for n in rollout_nodes:
             self._add_rollout_node(group, n)
-        for spec, pinned in members:
-            group.add_member(spec, tuple(pinned))
+        for spec, pinned, *mode in members:
+            group.add_member(spec, tuple(pinned), mode[0] if mode else Deployment.DISAGGREGATED)
             self.job_group[spec.name] = group_id
         group.check_invariants()
         self.groups[group_id] = group

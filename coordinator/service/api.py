@@ -97,11 +97,23 @@ class ServiceConfig:
     max_name_len: int = 128  # longest job or node name accepted
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
+    # Choose each job's deployment mode (co-located on training- or rollout-pool GPUs where cheaper,
+    # docs/policy.md); off: every job a disaggregated group member, as the fleet's two pools expect.
+    deployment_modes: bool = False
     max_nodes_per_job: int = 1024  # most nodes one job may ask for in either pool (more is refused)
     relayed_registration: bool = True  # accept RegisterJob relayed by a node's sidecar with its node token
+    # Learned phase times: measured iterations (released durations) update each job's profile, and
+    # admission and SLO checks use them once confident (policy.learning); off: worst-case times only.
+    learning: bool = True
+    # Regrouping: on a departure, relocate a job to another group when the policy finds the move
+    # worth it (policy.regroup), as a directive the job honours at an iteration boundary.
+    regroup: bool = True
+    relocation_deadline_s: float = 120.0  # a job that has not switched by then keeps its place
+    relocation_horizon_s: float = 3600.0  # remaining run assumed for a job when weighing a move
 
     def __post_init__(self) -> None:
-        for name in ("lease_ttl_s", "max_wait_s", "heartbeat_interval_s", "reap_interval_s"):
+        for name in ("lease_ttl_s", "max_wait_s", "heartbeat_interval_s", "reap_interval_s",
+                     "relocation_deadline_s", "relocation_horizon_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"{name}={v!r} is invalid: expected a positive number of seconds")

@@ -43,6 +43,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                           "usd_per_gpu_h}}}); nodes must report a GPU type it lists")
     parser.add_argument("--rollout-gpu", default="H20", help="GPU type of new rollout nodes the policy plans with")
     parser.add_argument("--train-gpu", default="H800", help="GPU type of new training nodes the policy plans with")
+    parser.add_argument("--deployment-modes", action="store_true",
+                        help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
+                             "default: every job disaggregated")
+    parser.add_argument("--no-learning", action="store_true",
+                        help="plan with worst-case phase times only (default: learn them from measured iterations)")
+    parser.add_argument("--no-regroup", action="store_true",
+                        help="never relocate running jobs between groups (default: on a departure, move a job "
+                             "where that saves $/h, by a directive it honours at an iteration boundary)")
+    parser.add_argument("--relocation-deadline", type=float, default=120.0,
+                        help="seconds a job has to honour a relocation directive before it expires (it then "
+                             "keeps its place)")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--max-nodes-per-job", type=int, default=1024,
                         help="most nodes one job may ask for in either pool (bigger specs are refused)")
@@ -84,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
                                  migration_threshold=args.migration_threshold,
                                  heartbeat_interval_s=args.heartbeat_interval,
                                  max_nodes_per_job=args.max_nodes_per_job,
-                                 relayed_registration=not args.no_relayed_registration),
+                                 relayed_registration=not args.no_relayed_registration,
+                                 deployment_modes=args.deployment_modes,
+                                 learning=not args.no_learning, regroup=not args.no_regroup,
+                                 relocation_deadline_s=args.relocation_deadline),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node,
                                 catalog=GpuCatalog.from_yaml(args.catalog) if args.catalog else GpuCatalog.default()),

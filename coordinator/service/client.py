@@ -39,7 +39,7 @@ from rollmux.coordinator.service.api import (
     UnauthenticatedError,
 )
 from rollmux.errors import RollMuxError
-from rollmux.model import JobSpec, Lease, Migration, Phase, Pool
+from rollmux.model import JobSpec, Lease, Migration, Phase, Pool, Relocation
 from rollmux.proto import convert
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
@@ -98,6 +98,8 @@ class JobInfo:
     next_iteration: int
     permit_state: str
     pending_position: int  # 1-based place in the admission queue, 0 when admitted
+    relocation: Relocation | None = None  # the job's latest relocation directive
+    learned: tuple[float, float, float] = (0.0, 0.0, 0.0)  # learned solo (roll, train, iteration) s; 0 = none
 
 
 def _permit(lease: pb.Lease) -> Permit:
@@ -109,7 +111,9 @@ def _info(msg: pb.JobStatus) -> JobInfo:
     return JobInfo(job=msg.job, state=msg.state, group_id=msg.group_id, rollout_nodes=tuple(msg.rollout_nodes),
                    train_nodes=tuple(msg.train_nodes), next_phase=convert.PHASE_FROM_PB[msg.next_phase],
                    next_iteration=msg.next_iteration, permit_state=msg.permit_state,
-                   pending_position=msg.pending_position)
+                   pending_position=msg.pending_position,
+                   relocation=convert.relocation_from_pb(msg.relocation) if msg.HasField("relocation") else None,
+                   learned=(msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s))
 
 
 class CoordinatorClient:
@@ -303,6 +307,16 @@ class JobClient:
         m = resp.migrate
         return MigrationDirective(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
                                   release_nodes=tuple(m.release_nodes))
+
+    def ack_relocation(self, epoch: int) -> tuple[Relocation, str]:
+        """Acknowledge relocation directive `epoch` (at an iteration boundary); safe to retry.
+
+        Returns:
+            The directive as it stands now (SWITCHED: run on its nodes from the next phase on;
+            PENDING: not at a boundary yet, acknowledge again at the next one) and the coordinator's note.
+        """
+        resp = self._call("AckRelocation", pb.AckRelocationRequest(job=self.name, epoch=epoch))
+        return convert.relocation_from_pb(resp.directive), resp.note
 
     def deregister(self) -> list[str]:
         return list(self._call("DeregisterJob", pb.DeregisterJobRequest(job=self.name)).released_nodes)

@@ -32,6 +32,7 @@ from rollmux.coordinator.service.api import (
 from rollmux.coordinator.service.committer import Committer
 from rollmux.coordinator.service.metrics import Metrics, create_metrics
 from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.store import Store
 from rollmux.model import ClusterSpec, Phase, Pool
 
@@ -62,7 +63,7 @@ class Coordinator:
         self.leader_ttl_s = leader_ttl_s
         self.metrics = metrics or create_metrics()
         self.clock = clock
-        self.policy = policy or RollMuxPolicy()
+        self.policy = policy or RollMuxPolicy(live_policy_config(self.config))
         self._commits_ok = self.metrics.store_commits.labels(outcome="ok")
         granted = self.metrics.permits_granted
         self._granted = {True: granted.labels(pool="rollout"), False: granted.labels(pool="train")}
@@ -155,6 +156,8 @@ class Coordinator:
                              len(rt.holder), extra={"fence": fence})
                     for node_id in self._streams:
                         self._push(node_id, Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+                        for notice in rt.relocation_notices(node_id):  # directives survive the restart
+                            self._push(node_id, notice)
                     for ev in self._events.values():
                         ev.set()
                     self._deliver(notices)
@@ -311,6 +314,9 @@ class Coordinator:
                 if permit is not None and permit.state is PermitState.GRANTED:
                     self._granted[permit.phase is Phase.ROLLOUT].inc()
                     self.metrics.grant_latency.observe(max(0.0, self.clock() - permit.grantable_at))
+            if n.kind is NoticeKind.RELOCATE and (rec := self.rt.relocations.get(n.job)) is not None:
+                self.metrics.relocations.labels(outcome="issued" if rec.state.value == "pending"
+                                                else rec.state.value).inc()
             if n.kind is NoticeKind.REVOKED and n.reason != "lease expired":
                 self.metrics.permits_revoked.labels(reason="removed").inc()
             if n.job:
@@ -330,6 +336,8 @@ class Coordinator:
         q: asyncio.Queue[Notice | None] = asyncio.Queue()
         self._streams[node_id] = q
         q.put_nowait(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+        for notice in self.rt.relocation_notices(node_id):  # a reconnecting sidecar hears them again
+            q.put_nowait(notice)
         return q
 
     def close_stream(self, node_id: str, q: asyncio.Queue[Notice | None]) -> bool:

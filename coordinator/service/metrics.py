@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 POOLS = ("rollout", "train")  # label values of {pool}
 REVOKE_REASONS = ("expired", "removed")  # label values of rollmux_permits_revoked_total{reason}
 COMMIT_OUTCOMES = ("ok", "failed")  # label values of rollmux_store_commits_total{outcome}
+RELOCATION_OUTCOMES = ("issued", "switched", "expired", "cancelled")  # rollmux_relocations_total{outcome}
 GRANT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -30,6 +31,7 @@ class Metrics:
     nodes: Gauge  # rollmux_nodes{state}
     pool_nodes: Gauge  # rollmux_pool_nodes{pool}: READY nodes per pool (the bubble fraction's denominator)
     store_commits: Counter  # rollmux_store_commits_total{outcome}
+    relocations: Counter  # rollmux_relocations_total{outcome}: directives issued and how they ended
     ready: Gauge  # rollmux_ready: 1 when serving
     build_info: Gauge  # rollmux_build_info{version}
 
@@ -56,6 +58,8 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
         pool_nodes=Gauge("rollmux_pool_nodes", "READY nodes per pool", ["pool"], registry=r),
         store_commits=Counter("rollmux_store_commits_total", "Batched state-store commits", ["outcome"],
                               registry=r),
+        relocations=Counter("rollmux_relocations_total", "Relocation directives issued, switched, expired, "
+                            "cancelled", ["outcome"], registry=r),
         ready=Gauge("rollmux_ready", "1 when the coordinator serves requests", registry=r),
         build_info=Gauge("rollmux_build_info", "Build information", ["version"], registry=r),
     )
@@ -69,4 +73,6 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
         m.permits_revoked.labels(reason=reason)
     for outcome in COMMIT_OUTCOMES:
         m.store_commits.labels(outcome=outcome)
+    for outcome in RELOCATION_OUTCOMES:
+        m.relocations.labels(outcome=outcome)
     return m

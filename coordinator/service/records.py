@@ -11,6 +11,8 @@ through `states.transition`. Records serialise to compact JSON under one key eac
 | ``permit/<name>`` | `PermitRecord` (the job's current phase, lease, estimates)   |
 | ``served/<node>`` | the job whose round-robin turn on that node ended last       |
 | ``group/<gid>``   | `GroupRecord` (round-robin member order, nodes)              |
+| ``relocation/<job>`` | `RelocationRecord` (the job's latest regrouping directive) |
+| ``learn/<job>``   | the job's measured iterations the phase learner keeps        |
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rollmux.coordinator.service.api import JobState, NodeState, PermitState
-from rollmux.model import JobSpec, Phase, Pool
+from rollmux.model import JobSpec, Phase, Pool, Relocation, RelocationState
 
 PHASE_ORDER: tuple[Phase, ...] = (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
 """On-policy order inside one iteration: Rollout(i) -> Train(i) -> Sync(i) -> Rollout(i+1)."""
@@ -102,7 +104,9 @@ class JobRecord:
     group_id: str = ""
     rollout_nodes: tuple[str, ...] = ()  # its pins, as placed (the group record holds the training nodes)
     placement: str = ""  # the policy's explanation
+    deployment: str = "disaggregated"  # the chosen rollmux.model.Deployment (returned at registration)
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
+    moves: int = 0  # relocations between groups so far
     history: list = field(default_factory=list)
 
     def describe(self) -> str:
@@ -112,8 +116,8 @@ class JobRecord:
         return dumps({"name": self.name, "spec": spec_to_dict(self.spec), "token_sha256": self.token_sha256,
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
-                      "placement": self.placement,
-                      "relayed_by": self.relayed_by, "history": self.history})
+                      "placement": self.placement, "deployment": self.deployment,
+                      "relayed_by": self.relayed_by, "moves": self.moves, "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> JobRecord:
@@ -139,12 +143,15 @@ class PermitRecord:
     last_released_epoch: int = 0  # makes a retried release idempotent
     observed_roll_s: float = 0.0  # moving average of measured rollout durations
     observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations
+    iter_roll_s: float = 0.0  # this iteration's measured rollout so far (fed to the phase learner at Sync)
+    iter_train_s: float = 0.0  # this iteration's measured train so far
     history: list = field(default_factory=list)
     # not stored: monotonic deadlines kept in memory only (reset to now + TTL after a reload,
     # since holders could not renew while the coordinator or the store was down)
     expires_at: float = 0.0
     queued_at: float = 0.0
     grantable_at: float = 0.0  # when the last needed node became free (grant latency starts here)
+    picked: bool = True  # the job has been handed this grant (False: granted, no ask answered with it yet)
 
     def describe(self) -> str:
         return f"permit {self.job} {self.phase.value}({self.iteration}) epoch {self.epoch}"
@@ -154,7 +161,7 @@ class PermitRecord:
                       "state": self.state.value, "epoch": self.epoch, "nodes": list(self.nodes),
                       "migrated": self.migrated, "last_released_epoch": self.last_released_epoch,
                       "observed_roll_s": self.observed_roll_s, "observed_train_s": self.observed_train_s,
-                      "history": self.history})
+                      "iter_roll_s": self.iter_roll_s, "iter_train_s": self.iter_train_s, "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> PermitRecord:
@@ -171,13 +178,54 @@ class GroupRecord:
     train_nodes: tuple[str, ...]
     rollout_nodes: tuple[str, ...]  # in the order they joined the group
     members: tuple[str, ...]  # round-robin order
+    train_pool: str = "train"  # pool of its training nodes ("rollout": co-located on rollout-pool GPUs)
 
     def to_json(self) -> str:
         return dumps({"group_id": self.group_id, "train_nodes": list(self.train_nodes),
-                      "rollout_nodes": list(self.rollout_nodes), "members": list(self.members)})
+                      "rollout_nodes": list(self.rollout_nodes), "members": list(self.members),
+                      "train_pool": self.train_pool})
 
     @classmethod
     def from_json(cls, raw: str) -> GroupRecord:
         d = json.loads(raw)
         return cls(group_id=d["group_id"], train_nodes=tuple(d["train_nodes"]),
-                   rollout_nodes=tuple(d["rollout_nodes"]), members=tuple(d["members"]))
+                   rollout_nodes=tuple(d["rollout_nodes"]), members=tuple(d["members"]),
+                   train_pool=d.get("train_pool", "train"))
+
+
+@dataclass(slots=True, kw_only=True)
+class RelocationRecord:
+    """A job's latest regrouping directive (`rollmux.model.Relocation`) and its lifecycle."""
+
+    job: str
+    from_group: str
+    to_group: str  # "" = a new group
+    epoch: int  # names the directive (the job acknowledges with it)
+    deadline_unix_s: float
+    reason: str = ""
+    state: RelocationState = RelocationState.PENDING
+    rollout_nodes: tuple[str, ...] = ()  # once SWITCHED: the job's nodes in its new group
+    train_nodes: tuple[str, ...] = ()
+    switched_epoch: int = 0  # once SWITCHED: fencing epoch of the new membership
+    history: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"relocation of job {self.job} epoch {self.epoch}"
+
+    def to_model(self) -> Relocation:
+        return Relocation(job=self.job, from_group=self.from_group, to_group=self.to_group, epoch=self.epoch,
+                          deadline_unix_s=self.deadline_unix_s, state=self.state, rollout_nodes=self.rollout_nodes,
+                          train_nodes=self.train_nodes, switched_epoch=self.switched_epoch, reason=self.reason)
+
+    def to_json(self) -> str:
+        return dumps({"job": self.job, "from_group": self.from_group, "to_group": self.to_group, "epoch": self.epoch,
+                      "deadline_unix_s": self.deadline_unix_s, "reason": self.reason, "state": self.state.value,
+                      "rollout_nodes": list(self.rollout_nodes), "train_nodes": list(self.train_nodes),
+                      "switched_epoch": self.switched_epoch, "history": self.history})
+
+    @classmethod
+    def from_json(cls, raw: str) -> RelocationRecord:
+        d = json.loads(raw)
+        d["state"] = RelocationState(d["state"])
+        d["rollout_nodes"], d["train_nodes"] = tuple(d["rollout_nodes"]), tuple(d["train_nodes"])
+        return cls(**d)

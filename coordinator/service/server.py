@@ -16,13 +16,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from rollmux.coordinator.policy.api import PolicyConfig, create_policy
+from rollmux.coordinator.policy.api import create_policy
 from rollmux.coordinator.service import gc_tuning
 from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
 from rollmux.coordinator.service.http import ProbeServer
 from rollmux.coordinator.service.runtime import resolved_spec
+from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.servicer import CoordinatorServicer
 from rollmux.coordinator.service.store import EmbeddedStore, Store
 from rollmux.model import ClusterSpec
@@ -95,7 +96,7 @@ async def start(opts: ServerOptions, store: Store | None = None) -> Running:
                          f"{opts.config.max_request_bytes}, or oversized requests get RESOURCE_EXHAUSTED "
                          "instead of INVALID_ARGUMENT")
     store = store or make_store(opts)
-    policy = create_policy(opts.policy, config=PolicyConfig(max_group_size=opts.max_group_size))
+    policy = create_policy(opts.policy, config=live_policy_config(opts.config, max_group_size=opts.max_group_size))
     core = Coordinator(store, cluster=opts.cluster, config=opts.config, owner=opts.owner,
                        leader_ttl_s=opts.leader_ttl_s, policy=policy)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", opts.max_message_bytes),

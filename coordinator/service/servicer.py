@@ -244,6 +244,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return pb.NodeDown(granted=pb.PermitGranted(lease=convert.lease_to_pb(permit, ttl)))
         if notice.kind is NoticeKind.REVOKED:
             return pb.NodeDown(revoked=pb.PermitRevoked(job=notice.job, epoch=notice.epoch, reason=notice.reason))
+        if notice.kind is NoticeKind.RELOCATE:
+            rec = rt.relocations.get(notice.job)
+            if rec is None or rec.epoch != notice.epoch:
+                return None
+            return pb.NodeDown(relocate=convert.relocation_to_pb(rec.to_model()))
         if notice.kind is NoticeKind.MIGRATE:
             return pb.NodeDown(migrate=pb.MigrationDirective(job=notice.job, epoch=notice.epoch,
                                                              keep_nodes=notice.keep_nodes,
@@ -399,6 +404,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return resp
 
     @_rpc
+    async def AckRelocation(self, request: pb.AckRelocationRequest, context: grpc.aio.ServicerContext) -> Any:
+        name = self._job(context, request.job)
+        epoch = self._epoch(request.epoch)
+        rec, note = await self.core.mutate(lambda rt: rt.ack_relocation(name, epoch))
+        await self.core.barrier()  # a retried ack (nothing changed) still answers only what is stored
+        log.info("relocation acknowledged", extra={"job": name, "epoch": epoch, "state": rec.state.value})
+        return pb.AckRelocationResponse(directive=convert.relocation_to_pb(rec.to_model()), note=note)
+
+    @_rpc
     async def DeregisterJob(self, request: pb.DeregisterJobRequest, context: grpc.aio.ServicerContext) -> Any:
         name = self._job(context, request.job)
         released = await self.core.mutate(lambda rt: rt.remove_job(name, reason="deregistered"))
@@ -453,6 +467,14 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStat
             msg.lease.CopyFrom(convert.lease_to_pb(permit, ttl))
     if job.state is JobState.PENDING:
         msg.pending_position = rt.pending().index(name) + 1
+    rec = rt.relocations.get(name)
+    if rec is not None:
+        msg.relocation.CopyFrom(convert.relocation_to_pb(rec.to_model()))
+    group = rt.placement.groups.get(job.group_id)
+    member = group.members.get(name) if group is not None else None
+    if member is not None and member.profile.learned:
+        p = member.profile
+        msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s = p.t_roll_s, p.t_train_s, p.t_solo_s
     return msg
 
 

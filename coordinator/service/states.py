@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from rollmux import lifecycle
 from rollmux.coordinator.service.api import IllegalTransitionError, JobState, NodeState, PermitState
+from rollmux.model import RelocationState
 
 S = TypeVar("S", bound=Enum)
 
@@ -65,6 +66,17 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
         NodeState.DRAINED,  # no permit holds it any more
     }),
     NodeState.DRAINED: frozenset(),
+}
+
+RELOCATION_TRANSITIONS: dict[RelocationState, frozenset[RelocationState]] = {
+    RelocationState.PENDING: frozenset({
+        RelocationState.SWITCHED,  # the job acknowledged at an iteration boundary and the move still holds
+        RelocationState.EXPIRED,  # its deadline passed unacknowledged: the job keeps its place
+        RelocationState.CANCELLED,  # the move no longer saves or fits when acknowledged, or the job left
+    }),
+    RelocationState.SWITCHED: frozenset(),
+    RelocationState.EXPIRED: frozenset(),
+    RelocationState.CANCELLED: frozenset(),
 }
 
 HISTORY_LIMIT = lifecycle.HISTORY_LIMIT

@@ -16,6 +16,7 @@ from rollmux.coordinator.policy.intra_group import PhaseInterval
 from rollmux.errors import RollMuxError, SpecError
 
 if TYPE_CHECKING:
+    from rollmux.coordinator.policy.api import PolicyConfig
     from rollmux.coordinator.sim.runtime import JobDraws, RuntimeConfig
     from rollmux.model import ClusterSpec, JobSpec
 
@@ -110,6 +111,7 @@ class PolicyRun:
     busy_gpu_s: dict[str, float]  # pool -> GPU-seconds spent running phases
     intervals: dict[str, tuple[PhaseInterval, ...]] = field(default_factory=dict)  # group -> phases (recorded)
     wall_s: float = 0.0  # real seconds the simulation took
+    relocations: int = 0  # jobs moved between groups while running (RollMux regrouping)
 
 
 ProgressFn = Callable[[int], None]
@@ -126,6 +128,7 @@ class SimContext:
     max_group_size: int = 5
     seed: int = 0
     record_intervals: bool = True
+    policy_config: PolicyConfig | None = None  # RollMux's knobs (default: PolicyConfig(max_group_size=...))
 
 
 class SimStrategy(Protocol):

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.api import ProgressFn, SimError, TraceJob
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.report import print_summaries
@@ -35,6 +36,7 @@ Examples:
   rollmux simulate --workload rollout-heavy --slo 1.2 --json out.json --plots figs/
   rollmux simulate --jobs 8 --policies rollmux,opt   # compare with the offline optimum
   rollmux simulate --no-migration                    # switch off long-tail migration
+  rollmux simulate --no-modes --no-learning --no-regroup   # the paper's Algorithm 1 policy
 """
 
 
@@ -54,6 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pol.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                      help=f"comma-separated, from {', '.join(ALL_POLICIES)} [default: all but opt]")
     pol.add_argument("--max-group-size", type=int, default=5, help="most jobs per group [default: 5]")
+    add_policy_switches(pol)
     rt = parser.add_argument_group("runtime model (each switch shows one mechanism's effect)")
     rt.add_argument("--no-migration", action="store_true", help="no long-tail migration")
     rt.add_argument("--cold-start", action="store_true", help="every context switch is a cold start (paper Fig. 4)")
@@ -63,6 +66,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", type=Path, metavar="PATH", help="write all metrics as JSON")
     out.add_argument("--plots", type=Path, metavar="DIR", help="write cost, GPU and Gantt PNGs")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """RollMux's policy mechanisms, each switched off by one flag (docs/policy.md has what each buys)."""
+    parser.add_argument("--no-modes", action="store_true",
+                        help="RollMux: every job a disaggregated group member (no co-location on training- or rollout-pool GPUs)")
+    parser.add_argument("--no-learning", action="store_true",
+                        help="RollMux: plan with worst-case phase times for the job's whole life (no learned times)")
+    parser.add_argument("--no-regroup", action="store_true",
+                        help="RollMux: never relocate a running job (no consolidation on departures or SLO risk)")
+
+
+def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
+    return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5), modes=not args.no_modes,
+                        learn=not args.no_learning, regroup=not args.no_regroup)
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:
@@ -103,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"wrote trace to {args.emit_trace}")
         runtime = RuntimeConfig(stochastic=not args.worst_case, migration=not args.no_migration,
                                 warm_start=not args.cold_start, two_stage_sync=not args.flat_sync)
-        ctx = build_context(trace, ClusterSpec(), runtime, args.max_group_size, args.seed)
+        ctx = build_context(trace, ClusterSpec(), runtime, args.max_group_size, args.seed,
+                            policy_config=policy_config_from(args))
         span_h = (max(j.arrival_s for j in trace) - min(j.arrival_s for j in trace)) / 3600
         with _progress_bars(not args.quiet, len(trace), console) as factory:
             result = simulate(trace, policies, ctx=ctx, progress=factory)  # type: ignore[arg-type]

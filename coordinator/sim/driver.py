@@ -9,6 +9,16 @@ segment: each member keeps the work it has done, including a partly run phase, a
 segment starts from there. Groups provision their nodes when created and release them when
 they empty, so cost is piecewise constant between events.
 
+Regrouping (`PolicyConfig.regroup`, RollMux only): after an arrival and after a departure the
+driver asks `policy.regroup.plan_moves` whether relocating the arrived job, or the members of the
+group a job just left, saves enough to pay for the move; a moved job keeps its iterations and
+pays the relocation downtime (checkpoint, restart, reload) before its next phase.
+
+Learned phase times (`PolicyConfig.learn`, RollMux only): every finished iteration's realised
+phase times go to a `PhaseLearner`; when a member has `learn_min_samples` of them (a learning event
+ends its segment then) the group plans it with the learned profile, and a member the learned
+times show to be over its SLO is relocated (`regroup.plan_rescue`), once.
+
 Events at the same instant: departures first, so a job that finishes as another arrives frees
 its share of the group before the policy looks at it.
 """
@@ -23,7 +33,16 @@ from dataclasses import dataclass, field
 
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.executor import run_schedule
-from rollmux.coordinator.policy.intra_group import MemberTiming, PhaseInterval, PhaseTimeFn, ReleaseFn
+from rollmux.coordinator.policy.intra_group import (
+    TRAIN_POOL,
+    MemberTiming,
+    PhaseInterval,
+    PhaseTimeFn,
+    ReleaseFn,
+)
+from rollmux.coordinator.policy.learning import PhaseLearner
+from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.regroup import Move, apply_moves, plan_moves, plan_rescue, slo_risks
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.coordinator.sim.api import (
     JobOutcome,
@@ -36,7 +55,8 @@ from rollmux.coordinator.sim.api import (
 from rollmux.coordinator.sim.runtime import JobDraws
 from rollmux.model import JobSpec, Phase, Pool
 
-_DEPARTURE, _ARRIVAL = 0, 1  # heap order at equal times
+_DEPARTURE, _ARRIVAL, _LEARN = 0, 1, 2  # heap order at equal times
+MAX_MOVES = 2  # relocations one job may take (each costs it a restart)
 
 
 @dataclass(slots=True)
@@ -44,7 +64,7 @@ class _Progress:
     """Work one job has done: whole iterations, and seconds into the current one's phases."""
 
     done_iters: int = 0
-    roll_done_s: float = 0.0
+    roll_done_s: float = 0.0  # negative while a relocation's downtime is still to be paid
     train_done_s: float = 0.0
 
 
@@ -55,6 +75,7 @@ class _Segment:
     start_s: float
     members: list[str]
     train_gpus: int
+    train_pool: Pool  # where the group's training nodes are (co-located Rollouts run there too)
     by_job: dict[str, list[PhaseInterval]] = field(default_factory=dict)  # job -> [roll0, train0, roll1, ...]
 
 
@@ -76,6 +97,12 @@ class _Replay:
         self.outcomes: dict[str, JobOutcome] = {}
         self.busy = {Pool.ROLLOUT.value: 0.0, Pool.TRAIN.value: 0.0}
         self.intervals: dict[str, list[PhaseInterval]] = {}
+        self.relocations = 0
+        config = policy.config if isinstance(policy, RollMuxPolicy) else None
+        self.learner = PhaseLearner(config) if config is not None and config.learn else None
+        if self.learner is not None:
+            policy.learner = self.learner  # type: ignore[attr-defined]
+        self.moved: dict[str, int] = {}  # job -> relocations so far
         for j in trace:
             heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
 
@@ -86,10 +113,14 @@ class _Replay:
             t, kind, _, key, version = heapq.heappop(self.events)
             if kind == _ARRIVAL:
                 self._arrive(key, t)
+                self._regroup([key], t)
             elif self.version.get(key) == version:
                 self._settle(key, t)
                 if key in self.state.groups:
                     self._start_segment(key, t)
+                    self._rescue(key, t)
+                    if kind == _DEPARTURE and key in self.state.groups:
+                        self._regroup(list(self.state.groups[key].members), t)
             else:
                 continue  # a stale departure: the group changed since it was predicted
             self.timeline.append(TimelinePoint(
@@ -102,7 +133,7 @@ class _Replay:
         return PolicyRun(policy=self.name, timeline=tuple(self.timeline),
                          jobs=tuple(self.outcomes[j] for j in self.trace), busy_gpu_s=dict(self.busy),
                          intervals={g: tuple(v) for g, v in self.intervals.items()},
-                         wall_s=time.perf_counter() - started)
+                         wall_s=time.perf_counter() - started, relocations=self.relocations)
 
     def _arrive(self, job_id: str, t: float) -> None:
         spec = self.specs[job_id]
@@ -110,20 +141,75 @@ class _Replay:
         if decision.group_id is not None:
             self._settle(decision.group_id, t)
         group = self.state.apply(spec, decision)
+        if self.learner is not None:
+            self.learner.register(spec)
+            group.set_profile(job_id, self.policy.initial_profile(spec))  # type: ignore[attr-defined]
         self._start_segment(group.group_id, t)
+
+    def _remaining_s(self, job_id: str) -> float:
+        """Solo seconds of work left (0 once a job was moved `MAX_MOVES` times: it stays put)."""
+        job = self.trace[job_id]
+        if self.moved.get(job_id, 0) >= MAX_MOVES:
+            return 0.0
+        return (job.iterations - self.jobs[job_id].done_iters) * (job.t_roll_s + job.t_train_s)
+
+    def _regroup(self, names: list[str], t: float) -> None:
+        """Relocate jobs where the policy finds it worth the move (RollMux with regrouping on)."""
+        if not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
+            return
+        self._relocate(plan_moves(self.state, self.policy, names, self._remaining_s), t)
+
+    def _rescue(self, gid: str, t: float) -> None:
+        """Move out a member whose learned times put it over its SLO (each job once)."""
+        if self.learner is None or not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
+            return
+        for name in slo_risks(self.state.groups[gid], self.policy.config):
+            if self.moved.get(name, 0) < MAX_MOVES and self.state.groups[gid].members[name].profile.learned:
+                self._relocate(plan_rescue(self.state, self.policy, name, self._remaining_s(name)), t)
+                return
+
+    def _relocate(self, moves: list[Move], t: float) -> None:
+        if not moves:
+            return
+        touched = {m.from_group for m in moves} | {m.decision.group_id for m in moves if m.decision.group_id in self.state.groups}
+        finished = len(self.outcomes)
+        for gid in touched:
+            self._settle(gid, t)  # credit work up to now; a job ending exactly now leaves first
+        if len(self.outcomes) != finished:  # someone left while settling: the plan is stale
+            for gid in touched & set(self.state.groups):
+                self._start_segment(gid, t)
+            return
+        apply_moves(self.state, moves)
+        for m in moves:
+            self.jobs[m.job].roll_done_s -= m.downtime_s  # paid before its next Rollout
+            self.moved[m.job] = self.moved.get(m.job, 0) + 1
+            touched.add(self.state.job_group[m.job])
+        self.relocations += len(moves)
+        for gid in touched & set(self.state.groups):
+            self._start_segment(gid, t)
 
     # -- segments ----------------------------------------------------------------------------------
     def _start_segment(self, gid: str, t: float) -> None:
         group = self.state.groups[gid]
         members = list(group.members)
+        learning = []  # members still short of a confident profile
+        if self.learner is not None:
+            for j in members:
+                profile = self.learner.profile(self.specs[j])
+                if profile is not None and profile != group.members[j].profile:
+                    group.set_profile(j, profile)
+                if profile is None:
+                    learning.append(self.policy.config.learn_min_samples - self.learner.samples(j))  # type: ignore[attr-defined]
+                else:
+                    learning.append(0)
         needed = [self.trace[j].iterations - self.jobs[j].done_iters for j in members]
         n_iter = min(needed)
-        timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes)
-                   for j in members]
+        timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes,
+                                rollout_on_train=group.members[j].colocated) for j in members]
         phase_time, release = self._phase_time_fn(group, members)
         result = run_schedule(timings, iterations=n_iter, phase_time=phase_time, record=True,
                               rollout_release=release)
-        seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus,
+        seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus, train_pool=group.train_pool,
                        by_job={j: [] for j in members})
         for iv in result.intervals:
             seg.by_job[iv.job].append(PhaseInterval(
@@ -133,33 +219,45 @@ class _Replay:
         finish = min(seg.by_job[j][2 * n_iter - 1].end_s for j, k in zip(members, needed) if k == n_iter)
         self.version[gid] = self.version.get(gid, 0) + 1
         heapq.heappush(self.events, (finish, _DEPARTURE, next(self.seq), gid, self.version[gid]))
+        learned_at = [seg.by_job[j][2 * k - 1].end_s for j, k in zip(members, learning) if 0 < k <= n_iter]
+        if learned_at and min(learned_at) < finish:
+            heapq.heappush(self.events, (min(learned_at), _LEARN, next(self.seq), gid, self.version[gid]))
 
     def _phase_time_fn(self, group: GroupState, members: list[str]) -> tuple[PhaseTimeFn, ReleaseFn | None]:
         """Per-iteration phase durations of the members, and when each rollout hands its nodes on."""
         cfg = self.ctx.runtime
         multi = len(members) > 1
-        # Context switches happen only on nodes another member also uses.
-        shares = [any(len(group.rollout[n].jobs) > 1 for n in group.members[j].rollout_nodes) for j in members]
+        ms = [group.members[j] for j in members]
+        # Context switches happen only on nodes another member also uses; a co-located member
+        # swaps its rollout and training state on its GPUs before every phase.
+        shares = [m.colocated or any(len(group.rollout[n].jobs) > 1 for n in m.rollout_nodes) for m in ms]
         draws: list[JobDraws] = [self.ctx.draws[j] for j in members]
         base = [self.jobs[j].done_iters for j in members]
-        # Every member trains on the whole training pool (its data parallelism stretches to it).
-        stretch = [self.specs[j].n_train_gpus / group.train_gpus for j in members]
+        # Every member trains on the whole training pool (its data parallelism stretches to it), at
+        # the pool's speed; a co-located Rollout runs at the speed of the group's GPUs.
+        stretch = [m.train_factor for m in ms]
+        roll_x = [m.roll_factor for m in ms]
+        # A co-located member's weights stay on its GPUs: no sync over the inter-cluster link.
+        colocated = [m.colocated for m in ms]
         roll_done = [self.jobs[j].roll_done_s for j in members]
         train_done = [self.jobs[j].train_done_s for j in members]
         if cfg.warm_start:
             sw_roll = [d.warm_roll_s if s else 0.0 for d, s in zip(draws, shares)]
-            sw_train = [d.warm_train_s if multi else 0.0 for d in draws]
+            sw_train = [d.warm_train_s if multi or m.colocated else 0.0 for d, m in zip(draws, ms)]
         else:
             sw_roll = [d.cold_roll_s if s else 0.0 for d, s in zip(draws, shares)]
-            sw_train = [d.cold_train_s if multi else 0.0 for d in draws]
+            sw_train = [d.cold_train_s if multi or m.colocated else 0.0 for d, m in zip(draws, ms)]
 
         def phase_time(idx: int, it: int, phase: Phase) -> float:
             d = draws[idx]
             g = base[idx] + it
             if phase is Phase.ROLLOUT:
-                value = float(d.roll_s[g]) + sw_roll[idx]
+                value = float(d.roll_s[g]) * roll_x[idx] + sw_roll[idx]
                 return max(0.0, value - roll_done[idx]) if it == 0 else value
-            value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + sw_train[idx]
+            if colocated[idx]:
+                value = max(0.0, float(d.train_s[g]) - d.two_stage_sync_s) * stretch[idx] + sw_train[idx]
+            else:
+                value = float(d.train_s[g]) * stretch[idx] + d.flat_sync_extra_s + sw_train[idx]
             return max(0.0, value - train_done[idx]) if it == 0 else value
 
         rule = cfg.migration_rule
@@ -187,13 +285,17 @@ class _Replay:
                 for iv in (roll, train):
                     overlap = min(iv.end_s, t) - iv.start_s
                     if overlap > 0:
-                        self._account_busy(iv, t, seg.train_gpus, gpn)
+                        self._account_busy(iv, t, seg, gpn)
                         if keep:
                             self.intervals.setdefault(gid, []).append(iv if iv.end_s <= t else PhaseInterval(
                                 job=iv.job, phase=iv.phase, iteration=iv.iteration, start_s=iv.start_s, end_s=t,
                                 nodes=iv.nodes, released_s=None if iv.released_s is None else min(iv.released_s, t)))
                 if train.end_s <= t:
                     completed += 1
+                    if self.learner is not None:
+                        d = self.ctx.draws[j]
+                        it = prog.done_iters + completed - 1
+                        self.learner.observe(j, float(d.roll_s[it]), float(d.train_s[it]) + d.flat_sync_extra_s)
                     continue
                 roll_elapsed = max(0.0, min(roll.end_s, t) - roll.start_s)
                 train_elapsed = max(0.0, min(train.end_s, t) - train.start_s)
@@ -207,10 +309,10 @@ class _Replay:
             if prog.done_iters >= self.trace[j].iterations:
                 self._finish(j, gid, t)
 
-    def _account_busy(self, iv: PhaseInterval, t: float, train_gpus: int, gpn: int) -> None:
+    def _account_busy(self, iv: PhaseInterval, t: float, seg: _Segment, gpn: int) -> None:
         """GPU-seconds the phase ran before `t`; a migrated tail only keeps its rule's share of its GPUs."""
-        if iv.phase is Phase.TRAIN:
-            self.busy[Pool.TRAIN.value] += (min(iv.end_s, t) - iv.start_s) * train_gpus
+        if iv.phase is Phase.TRAIN or iv.nodes == (TRAIN_POOL,):  # a Train, or a co-located Rollout
+            self.busy[seg.train_pool.value] += (min(iv.end_s, t) - iv.start_s) * seg.train_gpus
             return
         gpus = len(iv.nodes) * gpn
         head_end = min(iv.end_s if iv.released_s is None else iv.released_s, t)
@@ -226,6 +328,8 @@ class _Replay:
             solo_iteration_s=self.ctx.draws[job_id].solo_iteration_s, slo=job.slo,
             planned_solo_s=job.t_roll_s + job.t_train_s, group_id=gid)
         self.state.remove_job(job_id)
+        if self.learner is not None:
+            self.learner.forget(job_id)
 
 
 class GroupStrategy:

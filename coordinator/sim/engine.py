@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.api import PolicyRun, ProgressFn, SimContext, TraceJob
 from rollmux.coordinator.sim.metrics import PolicySummary, summarize
 from rollmux.coordinator.sim.runtime import RuntimeConfig, draw_job
@@ -20,12 +21,13 @@ class SimulationResult:
 
 
 def build_context(trace: Sequence[TraceJob], cluster: ClusterSpec | None = None, runtime: RuntimeConfig | None = None,
-                  max_group_size: int = 5, seed: int = 0, record_intervals: bool = True) -> SimContext:
+                  max_group_size: int = 5, seed: int = 0, record_intervals: bool = True,
+                  policy_config: PolicyConfig | None = None) -> SimContext:
     cluster = cluster or ClusterSpec()
     runtime = runtime or RuntimeConfig()
     draws = {j.job_id: draw_job(j, runtime, seed, cluster.gpus_per_node) for j in trace}
     return SimContext(cluster=cluster, runtime=runtime, draws=draws, max_group_size=max_group_size, seed=seed,
-                      record_intervals=record_intervals)
+                      record_intervals=record_intervals, policy_config=policy_config)
 
 
 def simulate(trace: Sequence[TraceJob], policies: Sequence[str] = DEFAULT_POLICIES, *,

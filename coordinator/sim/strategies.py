@@ -8,13 +8,14 @@ from rollmux.coordinator.policy.api import ONLINE_POLICIES, PolicyConfig, create
 from rollmux.coordinator.policy.baselines import OptPolicy
 from rollmux.coordinator.policy.baselines.dedicated import colocated, gavel_plus
 from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
+from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.sim.api import SimContext, SimError, SimStrategy
 from rollmux.coordinator.sim.dedicated import DedicatedStrategy
 from rollmux.coordinator.sim.driver import GroupStrategy
 from rollmux.model import JobSpec
 
-ALL_POLICIES = ("rollmux", "solo-d", "colocate", "gavel+", "random", "most-idle", "opt")
-DEFAULT_POLICIES = ALL_POLICIES[:-1]  # opt only on request: it is exponential
+ALL_POLICIES = ("rollmux", "solo-d", "colocate", "gavel+", "random", "most-idle", "rollmux-alg1", "opt")
+DEFAULT_POLICIES = ALL_POLICIES[:-2]  # Algorithm 1 alone and opt only on request (opt is exponential)
 
 
 def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimStrategy:
@@ -24,6 +25,11 @@ def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimSt
         SimError: unknown name, or `opt` on more jobs than the offline optimum can solve.
     """
     config = PolicyConfig(max_group_size=ctx.max_group_size)
+    if name == "rollmux":
+        return GroupStrategy(name, RollMuxPolicy(ctx.policy_config or config))
+    if name == "rollmux-alg1":  # the paper's Algorithm 1 alone: no modes, worst-case times, no regrouping
+        return GroupStrategy(name, RollMuxPolicy(PolicyConfig(max_group_size=ctx.max_group_size, modes=False,
+                                                              learn=False, regroup=False)))
     if name in ONLINE_POLICIES:  # by name, as `rollmux coordinator --policy` and `rollmux place --policy` build them
         return GroupStrategy(name, create_policy(name, config=config, seed=ctx.seed))
     if name == "colocate":

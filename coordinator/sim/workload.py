@@ -9,6 +9,11 @@ Arrival times and run lengths come from a segment of consecutive jobs of the Phi
                    train U(25,50)         U(50,100)               U(100,200)
     train-heavy    the mirror of rollout-heavy
     mixed          each job draws one of the nine (profile, size) pairs uniformly
+    agentic        multi-turn (3-5 turns): rollout 3-4x training (paper §7.4's production mix),
+                   training from the rollout-heavy ranges, max tokens per turn 4096
+
+The last is not in Table 6: it stands for the agentic multi-turn jobs the paper's testbed trace
+is made of, whose sequential turns make the rollout long and its straggler tail short.
 
 The Philly duration becomes the number of iterations at the job's worst-case solo iteration
 time. Resident state per node follows Table 2 for the size's model.
@@ -36,6 +41,7 @@ class Workload(str, Enum):
     ROLLOUT_HEAVY = "rollout-heavy"
     TRAIN_HEAVY = "train-heavy"
     MIXED = "mixed"
+    AGENTIC = "agentic"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,7 +128,16 @@ def philly_segment(n_jobs: int, rng: np.random.Generator, arrivals: Sequence[Arr
     return [Arrival(arrival_s=a.arrival_s - t0, duration_s=a.duration_s) for a in out]
 
 
+AGENTIC_TURNS = (3, 5)  # turns per job, inclusive
+AGENTIC_ROLL_OVER_TRAIN = (3.0, 4.0)  # rollout / training time (paper §7.4: multi-turn rollouts 3-4x training)
+
+
 def _shape(workload: Workload, rng: np.random.Generator) -> tuple[SizeClass, float, float, str]:
+    if workload is Workload.AGENTIC:
+        size_idx = int(rng.integers(0, 3))
+        _, (t_lo, t_hi) = PROFILES[Workload.ROLLOUT_HEAVY][size_idx]
+        t_train = float(rng.uniform(t_lo, t_hi))
+        return SIZES[size_idx], t_train * float(rng.uniform(*AGENTIC_ROLL_OVER_TRAIN)), t_train, workload.value
     profile = workload
     if workload is Workload.MIXED:
         profile = (Workload.BALANCED, Workload.ROLLOUT_HEAVY, Workload.TRAIN_HEAVY)[int(rng.integers(0, 3))]
@@ -143,11 +158,13 @@ def generate(workload: Workload | str, n_jobs: int = 300, seed: int = 0, slo: Sl
     jobs = []
     for k, a in enumerate(segment):
         size, t_roll, t_train, _ = _shape(workload, rng)
+        agentic = workload is Workload.AGENTIC
+        turns = int(rng.integers(AGENTIC_TURNS[0], AGENTIC_TURNS[1] + 1)) if agentic else 1
         params_b = float(size.model.rstrip("B"))
         roll_b, train_b = state_bytes_per_node(params_b)
         jobs.append(TraceJob(
             job_id=f"job{k:04d}", arrival_s=round(a.arrival_s), iterations=max(1, round(a.duration_s / (t_roll + t_train))),
             t_roll_s=round(t_roll, 3), t_train_s=round(t_train, 3), n_rollout_gpus=size.gpus, n_train_gpus=size.gpus,
             slo=round(slo_spec.draw(rng), 4), rollout_state_gb=round(roll_b / GB, 1),
-            train_state_gb=round(train_b / GB, 1), model=size.model, max_tokens=8192, turns=1))
+            train_state_gb=round(train_b / GB, 1), model=size.model, max_tokens=4096 if agentic else 8192, turns=turns))
     return jobs

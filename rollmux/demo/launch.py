@@ -10,6 +10,7 @@ directory, and every path handed to them is absolute, so the caller's directory 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -155,21 +156,23 @@ class LocalCluster:
     # ------------------------------------------------------------------------------- lifecycle
     def start(self) -> LocalCluster:
         from rollmux.coordinator.policy import RollMuxPolicy
-        from rollmux.coordinator.policy.api import PolicyConfig
         from rollmux.coordinator.service.api import ServiceConfig
         from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.coordinator.service.runtime.state import live_policy_config
         from rollmux.coordinator.service.server import ServerOptions, start_in_thread
         from rollmux.model import ClusterSpec
 
         self.dir.mkdir(parents=True, exist_ok=True)
+        config = ServiceConfig(lease_ttl_s=self.lease_ttl_s)
         self.server = start_in_thread(ServerOptions(
             listen="127.0.0.1:0", http=None, cluster=ClusterSpec(gpus_per_node=1, host_dram_bytes=1 << 40),
-            config=ServiceConfig(lease_ttl_s=self.lease_ttl_s)))
+            config=config))
         if not self.server.wait_ready(30.0):
             raise LaunchError("the embedded coordinator did not become ready within 30s")
         if self.fill_saturated:
             # The embedded store never reloads, so the runtime built at start keeps this policy.
-            self.server.core.rt.policy = RollMuxPolicy(PolicyConfig(fill_saturated=True))
+            live = dataclasses.replace(live_policy_config(config), fill_saturated=True)
+            self.server.core.rt.policy = RollMuxPolicy(live)
         self.client = CoordinatorClient(self.server.address)
         sock_dir = Path(tempfile.mkdtemp(prefix="rmx-"))  # short path: sun_path is 107 bytes
         for node, pool, cpu in (("rollout-0", "rollout", self.pools.rollout_cpu),

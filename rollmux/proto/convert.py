@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rollmux.coordinator.service.api import InvalidArgumentError
 from rollmux.errors import SpecError
-from rollmux.model import JobSpec, Phase, Pool
+from rollmux.model import JobSpec, Phase, Pool, Relocation, RelocationState
 from rollmux.proto import rollmux_v1_pb2 as pb
 
 if TYPE_CHECKING:
@@ -67,3 +67,21 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
 def lease_to_pb(permit: PermitRecord, ttl_s: float) -> pb.Lease:
     return pb.Lease(job=permit.job, phase=PHASE_TO_PB[permit.phase], iteration=permit.iteration,
                     epoch=permit.epoch, nodes=list(permit.nodes), ttl_s=ttl_s)
+
+
+def relocation_to_pb(r: Relocation) -> pb.RelocationDirective:
+    return pb.RelocationDirective(job=r.job, from_group=r.from_group, to_group=r.to_group, epoch=r.epoch,
+                                  deadline_unix_s=r.deadline_unix_s, state=r.state.value,
+                                  rollout_nodes=list(r.rollout_nodes), train_nodes=list(r.train_nodes),
+                                  switched_epoch=r.switched_epoch, reason=r.reason)
+
+
+def relocation_from_pb(msg: pb.RelocationDirective) -> Relocation:
+    """Decode a directive (the coordinator's own answer: an unknown state reads as expired)."""
+    try:
+        state = RelocationState(msg.state)
+    except ValueError:
+        state = RelocationState.EXPIRED
+    return Relocation(job=msg.job, from_group=msg.from_group, to_group=msg.to_group, epoch=msg.epoch,
+                      deadline_unix_s=msg.deadline_unix_s, state=state, rollout_nodes=tuple(msg.rollout_nodes),
+                      train_nodes=tuple(msg.train_nodes), switched_epoch=msg.switched_epoch, reason=msg.reason)

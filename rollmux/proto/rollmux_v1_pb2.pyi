@@ -164,6 +164,30 @@ class MigrationDirective(_message.Message):
     release_nodes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., keep_nodes: _Optional[_Iterable[str]] = ..., release_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class RelocationDirective(_message.Message):
+    __slots__ = ("job", "from_group", "to_group", "epoch", "deadline_unix_s", "state", "rollout_nodes", "train_nodes", "switched_epoch", "reason")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FROM_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TO_GROUP_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_NODES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    SWITCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    from_group: str
+    to_group: str
+    epoch: int
+    deadline_unix_s: float
+    state: str
+    rollout_nodes: _containers.RepeatedScalarFieldContainer[str]
+    train_nodes: _containers.RepeatedScalarFieldContainer[str]
+    switched_epoch: int
+    reason: str
+    def __init__(self, job: _Optional[str] = ..., from_group: _Optional[str] = ..., to_group: _Optional[str] = ..., epoch: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., state: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., switched_epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class NodeSnapshot(_message.Message):
     __slots__ = ("node_id", "state", "holder")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -175,16 +199,18 @@ class NodeSnapshot(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., holder: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class NodeDown(_message.Message):
-    __slots__ = ("snapshot", "granted", "revoked", "migrate")
+    __slots__ = ("snapshot", "granted", "revoked", "migrate", "relocate")
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     MIGRATE_FIELD_NUMBER: _ClassVar[int]
+    RELOCATE_FIELD_NUMBER: _ClassVar[int]
     snapshot: NodeSnapshot
     granted: PermitGranted
     revoked: PermitRevoked
     migrate: MigrationDirective
-    def __init__(self, snapshot: _Optional[_Union[NodeSnapshot, _Mapping]] = ..., granted: _Optional[_Union[PermitGranted, _Mapping]] = ..., revoked: _Optional[_Union[PermitRevoked, _Mapping]] = ..., migrate: _Optional[_Union[MigrationDirective, _Mapping]] = ...) -> None: ...
+    relocate: RelocationDirective
+    def __init__(self, snapshot: _Optional[_Union[NodeSnapshot, _Mapping]] = ..., granted: _Optional[_Union[PermitGranted, _Mapping]] = ..., revoked: _Optional[_Union[PermitRevoked, _Mapping]] = ..., migrate: _Optional[_Union[MigrationDirective, _Mapping]] = ..., relocate: _Optional[_Union[RelocationDirective, _Mapping]] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
     __slots__ = ("spec", "nonce", "relay_node")
@@ -197,7 +223,7 @@ class RegisterJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ..., relay_node: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement", "relayed_by")
+    __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement", "relayed_by", "relocation", "learned_roll_s", "learned_train_s", "learned_solo_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +238,10 @@ class JobStatus(_message.Message):
     PENDING_POSITION_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     RELAYED_BY_FIELD_NUMBER: _ClassVar[int]
+    RELOCATION_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_ROLL_S_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_SOLO_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
     group_id: str
@@ -226,7 +256,11 @@ class JobStatus(_message.Message):
     pending_position: int
     placement: str
     relayed_by: str
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., group_id: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., permit_state: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., observed_roll_s: _Optional[float] = ..., observed_train_s: _Optional[float] = ..., pending_position: _Optional[int] = ..., placement: _Optional[str] = ..., relayed_by: _Optional[str] = ...) -> None: ...
+    relocation: RelocationDirective
+    learned_roll_s: float
+    learned_train_s: float
+    learned_solo_s: float
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., group_id: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., permit_state: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., observed_roll_s: _Optional[float] = ..., observed_train_s: _Optional[float] = ..., pending_position: _Optional[int] = ..., placement: _Optional[str] = ..., relayed_by: _Optional[str] = ..., relocation: _Optional[_Union[RelocationDirective, _Mapping]] = ..., learned_roll_s: _Optional[float] = ..., learned_train_s: _Optional[float] = ..., learned_solo_s: _Optional[float] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
     __slots__ = ("job_token", "status", "deployment")
@@ -335,6 +369,22 @@ class ReportProgressResponse(_message.Message):
     migrate: MigrationDirective
     ttl_s: float
     def __init__(self, migrate: _Optional[_Union[MigrationDirective, _Mapping]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class AckRelocationRequest(_message.Message):
+    __slots__ = ("job", "epoch")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    epoch: int
+    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class AckRelocationResponse(_message.Message):
+    __slots__ = ("directive", "note")
+    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    directive: RelocationDirective
+    note: str
+    def __init__(self, directive: _Optional[_Union[RelocationDirective, _Mapping]] = ..., note: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job",)

@@ -84,6 +84,11 @@ class CoordinatorStub:
                 request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.DeregisterJobRequest.SerializeToString,
                 response_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.DeregisterJobResponse.FromString,
                 _registered_method=True)
+        self.AckRelocation = channel.unary_unary(
+                '/rollmux.v1.Coordinator/AckRelocation',
+                request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AckRelocationRequest.SerializeToString,
+                response_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AckRelocationResponse.FromString,
+                _registered_method=True)
         self.GetClusterState = channel.unary_unary(
                 '/rollmux.v1.Coordinator/GetClusterState',
                 request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ClusterStateRequest.SerializeToString,
@@ -164,6 +169,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AckRelocation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterState(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -234,6 +245,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.DeregisterJob,
                     request_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.DeregisterJobRequest.FromString,
                     response_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.DeregisterJobResponse.SerializeToString,
+            ),
+            'AckRelocation': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckRelocation,
+                    request_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AckRelocationRequest.FromString,
+                    response_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.AckRelocationResponse.SerializeToString,
             ),
             'GetClusterState': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterState,
@@ -521,6 +537,33 @@ class Coordinator:
             '/rollmux.v1.Coordinator/DeregisterJob',
             rollmux_dot_proto_dot_rollmux__v1__pb2.DeregisterJobRequest.SerializeToString,
             rollmux_dot_proto_dot_rollmux__v1__pb2.DeregisterJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckRelocation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmux.v1.Coordinator/AckRelocation',
+            rollmux_dot_proto_dot_rollmux__v1__pb2.AckRelocationRequest.SerializeToString,
+            rollmux_dot_proto_dot_rollmux__v1__pb2.AckRelocationResponse.FromString,
             options,
             channel_credentials,
             insecure,

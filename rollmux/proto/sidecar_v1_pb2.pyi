@@ -20,16 +20,18 @@ class AttachRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., job_token: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RankEvent(_message.Message):
-    __slots__ = ("attached", "granted", "revoked", "migrate")
+    __slots__ = ("attached", "granted", "revoked", "migrate", "relocate")
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     MIGRATE_FIELD_NUMBER: _ClassVar[int]
+    RELOCATE_FIELD_NUMBER: _ClassVar[int]
     attached: Attached
     granted: Granted
     revoked: Revoked
     migrate: Migrate
-    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., migrate: _Optional[_Union[Migrate, _Mapping]] = ...) -> None: ...
+    relocate: _rollmux_v1_pb2.RelocationDirective
+    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., migrate: _Optional[_Union[Migrate, _Mapping]] = ..., relocate: _Optional[_Union[_rollmux_v1_pb2.RelocationDirective, _Mapping]] = ...) -> None: ...
 
 class Attached(_message.Message):
     __slots__ = ("rank_id", "node_id", "pool")
@@ -144,6 +146,22 @@ class ProgressResponse(_message.Message):
     MIGRATE_FIELD_NUMBER: _ClassVar[int]
     migrate: Migrate
     def __init__(self, migrate: _Optional[_Union[Migrate, _Mapping]] = ...) -> None: ...
+
+class RelocateRequest(_message.Message):
+    __slots__ = ("rank_id", "epoch")
+    RANK_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    rank_id: str
+    epoch: int
+    def __init__(self, rank_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RelocateResponse(_message.Message):
+    __slots__ = ("directive", "note")
+    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    directive: _rollmux_v1_pb2.RelocationDirective
+    note: str
+    def __init__(self, directive: _Optional[_Union[_rollmux_v1_pb2.RelocationDirective, _Mapping]] = ..., note: _Optional[str] = ...) -> None: ...
 
 class DetachRequest(_message.Message):
     __slots__ = ("rank_id", "job_done")

@@ -54,6 +54,11 @@ class SidecarStub:
                 request_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.ProgressRequest.SerializeToString,
                 response_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.ProgressResponse.FromString,
                 _registered_method=True)
+        self.Relocate = channel.unary_unary(
+                '/rollmux.sidecar.v1.Sidecar/Relocate',
+                request_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RelocateRequest.SerializeToString,
+                response_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RelocateResponse.FromString,
+                _registered_method=True)
         self.Detach = channel.unary_unary(
                 '/rollmux.sidecar.v1.Sidecar/Detach',
                 request_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.DetachRequest.SerializeToString,
@@ -93,6 +98,12 @@ class SidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Progress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Relocate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +149,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Progress,
                     request_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.ProgressRequest.FromString,
                     response_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.ProgressResponse.SerializeToString,
+            ),
+            'Relocate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Relocate,
+                    request_deserializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RelocateRequest.FromString,
+                    response_serializer=rollmux_dot_proto_dot_sidecar__v1__pb2.RelocateResponse.SerializeToString,
             ),
             'Detach': grpc.unary_unary_rpc_method_handler(
                     servicer.Detach,
@@ -263,6 +279,33 @@ class Sidecar:
             '/rollmux.sidecar.v1.Sidecar/Progress',
             rollmux_dot_proto_dot_sidecar__v1__pb2.ProgressRequest.SerializeToString,
             rollmux_dot_proto_dot_sidecar__v1__pb2.ProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relocate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmux.sidecar.v1.Sidecar/Relocate',
+            rollmux_dot_proto_dot_sidecar__v1__pb2.RelocateRequest.SerializeToString,
+            rollmux_dot_proto_dot_sidecar__v1__pb2.RelocateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from rollmux.cli import main
 
 
@@ -30,7 +32,13 @@ def test_place_accepts_a_jobs_file(tmp_path) -> None:
                     "- {name: b, n_rollout_gpus: 8, n_train_gpus: 8, t_roll_s: 100, t_train_s: 300, rollout_state_gb: 100}\n")
     out = tmp_path / "o.json"
     assert main(["place", "--quiet", "--jobs", str(jobs), "--json", str(out)]) == 0
-    assert [d["strategy"] for d in json.loads(out.read_text())["decisions"]] == ["isolated", "direct-packing"]
+    data = json.loads(out.read_text())
+    # a goes alone, co-located on training GPUs ($42.24/h); b alone would cost as much again, so
+    # regrouping pairs them in one disaggregated group (one rollout + one training node).
+    assert data["decisions"][0]["deployment"] == "colocated-train"
+    assert [g["jobs"] for g in data["groups"]] == [["a", "b"]] or [g["jobs"] for g in data["groups"]] == [["b", "a"]]
+    assert data["usd_per_h"] == pytest.approx(8 * 1.85 + 8 * 5.28)
+    assert data["moves"] and data["all_within_slo"] is True
 
 
 def test_coordinator_side_never_imports_torch() -> None:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Pool
@@ -142,3 +143,20 @@ def test_release_duration_is_capped_by_the_time_the_node_held_the_permit(coordin
     status = CoordinatorClient(coordinator.address).job("job-c", token)
     jobs = {j.job: j for j in CoordinatorClient(coordinator.address).cluster_state().jobs}
     assert status.status().next_phase.value == "train" and jobs["job-c"].observed_roll_s < 10.0
+
+
+def test_a_grant_that_does_not_hold_this_node_is_not_run_here(coordinator, make_node) -> None:
+    """A rank still attached where its job no longer runs (it was relocated and has not followed yet)
+    is told so, and the permit is not fanned out on this node."""
+    make_node("r0", Pool.ROLLOUT)
+    stray = make_node("r1", Pool.ROLLOUT)
+    make_node("t0", Pool.TRAIN)
+    token = register(coordinator, "job-d")
+    placed = CoordinatorClient(coordinator.address).job("job-d", token).status().rollout_nodes
+    other = stray if placed == ("r0",) else None
+    assert other is not None, placed  # the job is placed on r0, its rank attaches on r1
+    rank = Rank(other.socket, "job-d", token, 0)
+    with pytest.raises(grpc.RpcError) as err:
+        rank.acquire("rollout", 0)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not on this node r1" in err.value.details()
+    assert other.agent.active_epochs() == [] and holder(coordinator, "r0") == "job-d"  # nothing runs on r1

@@ -23,6 +23,7 @@ assert step(1) == 2 and calls == [1]
 with rollmux.phase("rollout") as ctx:
     assert ctx is None
 assert rollmux.runtime_hook(3, 10) is None
+assert rollmux.relocation() is None and rollmux.relocate() is False
 rollmux.register_state(object())
 rollmux.shutdown()
 assert "torch" not in sys.modules and "grpc" not in sys.modules, sorted(m for m in sys.modules if "grpc" in m)[:3]

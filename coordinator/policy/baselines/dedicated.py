@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rollmux.coordinator.policy.modes import roll_factor, train_factor
 from rollmux.model import ClusterSpec, JobSpec, Pool
 
 
@@ -54,14 +55,6 @@ def _price(cluster: ClusterSpec, rollout_gpus: int, train_gpus: int) -> float:
             + train_gpus * cluster.gpu_for(Pool.TRAIN).usd_per_gpu_h)
 
 
-def _bw(cluster: ClusterSpec, pool: Pool) -> float:
-    return cluster.gpu_for(pool).hbm_tb_s
-
-
-def _flops(cluster: ClusterSpec, pool: Pool) -> float:
-    return cluster.gpu_for(pool).tflops
-
-
 def solo_d_allocation(job: JobSpec, cluster: ClusterSpec) -> DedicatedAllocation:
     n_r = cluster.nodes_for(job.n_rollout_gpus) * cluster.gpus_per_node
     n_t = cluster.nodes_for(job.n_train_gpus) * cluster.gpus_per_node
@@ -76,8 +69,8 @@ def colocated(job: JobSpec, cluster: ClusterSpec, pool: Pool = Pool.TRAIN, gpus:
     The rollout uses at most N_R of them (no speed-up beyond the job's own rollout parallelism).
     """
     n = gpus if gpus is not None else cluster.nodes_for(job.n_train_gpus) * cluster.gpus_per_node
-    roll = job.n_rollout_gpus * _bw(cluster, Pool.ROLLOUT) / (min(n, job.n_rollout_gpus) * _bw(cluster, pool))
-    train = job.n_train_gpus * _flops(cluster, Pool.TRAIN) / (n * _flops(cluster, pool))
+    roll = roll_factor(job, cluster, pool, n)
+    train = train_factor(job, cluster, pool, n)
     name = cluster.train_gpu if pool is Pool.TRAIN else cluster.rollout_gpu
     return DedicatedAllocation(job=job.name, label=f"colocated {n}x{name}",
                                rollout_gpus=n if pool is Pool.ROLLOUT else 0,

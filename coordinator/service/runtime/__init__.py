@@ -16,7 +16,9 @@ One responsibility per module, each a layer of `Runtime`:
 | `admission`    | job registration, admission by the placement policy, removal           |
 | `nodes`        | node registration and liveness (streams, heartbeats, drain)            |
 | `leases`       | acquire, renew, release, expiry of permits and their leases            |
+| `learning`     | measured iterations to the phase learner, learned profiles             |
 | `migration`    | long-tail migration of a tail-bound rollout                            |
+| `relocation`   | regrouping directives: planned on departures, switched on ack, expired |
 | this module    | `Runtime`: wait reasons, invariants, stored form and reload            |
 
 Runtime semantics (DESIGN.md, Intra-group scheduler):
@@ -38,16 +40,24 @@ import json
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.grants import current_turn
 from rollmux.coordinator.service.api import JobState, NodeState, PermitState, ServiceConfig
-from rollmux.coordinator.service.records import GroupRecord, JobRecord, Meta, NodeRecord, PermitRecord, dumps
+from rollmux.coordinator.service.records import (
+    GroupRecord,
+    JobRecord,
+    Meta,
+    NodeRecord,
+    PermitRecord,
+    RelocationRecord,
+    dumps,
+)
 from rollmux.coordinator.service.runtime.admission import group_record
 from rollmux.coordinator.service.runtime.leases import ReleaseResult
-from rollmux.coordinator.service.runtime.migration import LongTailMigration
+from rollmux.coordinator.service.runtime.relocation import Relocations
 from rollmux.coordinator.service.runtime.state import Clock, Notice, NoticeKind
 from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, transition
-from rollmux.model import ClusterSpec, JobSpec
+from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool
 
 
-class Runtime(LongTailMigration):
+class Runtime(Relocations):
     """All live coordinator state; see the module docstring for the semantics."""
 
     def wait_reason(self, name: str) -> str:
@@ -88,6 +98,11 @@ class Runtime(LongTailMigration):
                     assert n not in held, f"node {n} held by both {held[n]} and {p.job}"
                     held[n] = p.job
         assert held == self.holder, f"holder map {self.holder} disagrees with leases {held}"
+        for p in self.permits.values():  # a lease holds only nodes of its job's group (relocation moved it whole)
+            job = self.jobs.get(p.job)
+            if p.state is PermitState.GRANTED and job is not None:
+                outside = set(p.nodes) - set(self.phase_nodes(job, p.phase))
+                assert not outside, f"{p.describe()} holds node(s) {sorted(outside)} outside job {p.job}'s group"
         for n, job in self.served.items():
             gid = self.placement.node_group.get(n)
             ring = self.rings(gid).get(n) if gid is not None else None
@@ -101,6 +116,8 @@ class Runtime(LongTailMigration):
         out.update({f"permit/{k}": v.to_json() for k, v in self.permits.items()})
         out.update({f"group/{k}": group_record(g).to_json() for k, g in self.placement.groups.items()})
         out.update({f"served/{k}": dumps(v) for k, v in self.served.items()})
+        out.update({f"relocation/{k}": v.to_json() for k, v in self.relocations.items()})
+        out.update({f"learn/{k}": dumps(v) for k, v in self.learned.items()})
         return out
 
     @classmethod
@@ -115,6 +132,7 @@ class Runtime(LongTailMigration):
         if "meta" in records:
             rt.meta = Meta.from_json(records["meta"])
         groups: dict[str, GroupRecord] = {}
+        learned: dict[str, list[list[float]]] = {}
         for key, raw in records.items():
             kind, _, ident = key.partition("/")
             if kind == "node":
@@ -127,11 +145,16 @@ class Runtime(LongTailMigration):
                 rt.served[ident] = json.loads(raw)
             elif kind == "group":
                 groups[ident] = GroupRecord.from_json(raw)
+            elif kind == "relocation":
+                rt.relocations[ident] = RelocationRecord.from_json(raw)
+            elif kind == "learn":
+                learned[ident] = json.loads(raw)
         now = clock()
         for p in rt.permits.values():
             p.queued_at = now
             if p.state is PermitState.GRANTED:
                 p.expires_at = now + config.lease_ttl_s
+                p.picked = True  # it may be running: a relocation waits for the next boundary
                 for n in p.nodes:
                     rt.holder[n] = p.job
         for node in rt.nodes.values():
@@ -142,13 +165,20 @@ class Runtime(LongTailMigration):
             rt.placement.set_node(node.node_id, host_dram_bytes=node.host_dram_bytes,
                                   available=node.state is NodeState.READY)
         rt._restore_placement(groups)
+        for name in rt.jobs:
+            if name in learned:
+                rt.restore_learned(name, learned[name])
+            else:
+                rt._joined(name)
         rt.check_invariants()
         return rt
 
     def _restore_placement(self, groups: dict[str, GroupRecord]) -> None:
         for gid, rec in sorted(groups.items(), key=lambda kv: _gid_number(kv[0])):
-            members = [(self.jobs[name].spec, tuple(self.jobs[name].rollout_nodes)) for name in rec.members]
-            self.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members)
+            members = [(self.jobs[name].spec, tuple(self.jobs[name].rollout_nodes), Deployment(self.jobs[name].deployment))
+                       for name in rec.members]
+            self.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members,
+                                         train_pool=Pool(rec.train_pool))
 
 
 def _gid_number(gid: str) -> int:

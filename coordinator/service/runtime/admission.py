@@ -7,6 +7,9 @@ of nodes could ever hold is refused at registration, naming the limit.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from rollmux.coordinator.policy.api import PlacementDecision
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.api import (
     AlreadyExistsError,
@@ -19,7 +22,7 @@ from rollmux.coordinator.service.records import GroupRecord, JobRecord, PermitRe
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import JOB_TRANSITIONS, PERMIT_TRANSITIONS, transition
-from rollmux.model import JobSpec, Phase, Pool
+from rollmux.model import Deployment, JobSpec, Phase, Pool
 
 
 class Admission(GrantQueues):
@@ -86,11 +89,15 @@ class Admission(GrantQueues):
         return [name for name in self.pending() if self._admit(self.jobs[name])]
 
     def _admit(self, job: JobRecord) -> bool:
-        decision = self.policy.place(job.spec, self.placement)
         spec = job.spec
         free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
                 Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
-        if len(free[Pool.ROLLOUT]) < decision.new_rollout_nodes or len(free[Pool.TRAIN]) < decision.new_train_nodes:
+        decision = self.policy.place(job.spec, self.placement)
+        if not decision_fits(decision, free) and job.spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
+            # The fleet is what it is: when the cheapest mode needs nodes that are not free, fall
+            # back to the disaggregated placement (the paper's), which may fit the nodes there are.
+            decision = self.policy.place(replace(job.spec, deployment=Deployment.DISAGGREGATED), self.placement)
+        if not decision_fits(decision, free):
             return False
 
         def allocate(pool: Pool, count: int) -> list[str]:
@@ -99,15 +106,17 @@ class Admission(GrantQueues):
 
         group = self.placement.apply(job.spec, decision, allocate=allocate)
         job.group_id, job.rollout_nodes = group.group_id, group.members[job.name].rollout_nodes
+        job.deployment = decision.deployment.value  # returned at registration; adapters build workers to match
         job.placement = decision.explain()
         transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.wall(), reason=f"placed in {group.group_id}")
         self._sync_group(group.group_id)
         self._touch(f"job/{job.name}", job)
+        self._joined(job.name)
         permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
         self.permits[job.name] = permit
         self._enqueue(permit)
         self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
-        self._pump(job.rollout_nodes)
+        self._pump(self.phase_nodes(job, Phase.ROLLOUT))
         return True
 
     def _sync_group(self, gid: str) -> None:
@@ -137,6 +146,7 @@ class Admission(GrantQueues):
         touched = set(job.rollout_nodes) | set(group_train)
         self._pump(sorted(touched))
         self.try_admit()
+        self._departed(name, job.group_id)
         return released
 
     def _cancel_permit(self, permit: PermitRecord, job: JobRecord, reason: str) -> None:
@@ -149,7 +159,15 @@ class Admission(GrantQueues):
 
 
 
+def decision_fits(decision: PlacementDecision, free: dict[Pool, list[str]]) -> bool:
+    """The free nodes can host the decision's new nodes (a group co-located on rollout-pool GPUs
+    takes its "training" nodes from the rollout pool)."""
+    need = {Pool.ROLLOUT: decision.new_rollout_nodes, Pool.TRAIN: 0}
+    need[decision.train_pool] += decision.new_train_nodes
+    return all(len(free[p]) >= n for p, n in need.items())
+
+
 def group_record(g: GroupState) -> GroupRecord:
     """The stored form of a group: its nodes and round-robin member order."""
     return GroupRecord(group_id=g.group_id, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
-                       members=tuple(g.members))
+                       members=tuple(g.members), train_pool=g.train_pool.value)

@@ -104,8 +104,10 @@ class GrantQueues(RuntimeState):
             if permit is None:
                 continue
             if permit.state is PermitState.QUEUED:
+                # Train keeps the turn for its Sync; a co-located Rollout for its Train (same nodes).
+                keeps = permit.phase is Phase.TRAIN or (permit.phase is Phase.ROLLOUT and group.members[name].colocated)
                 requests[name] = PhaseRequest(job=name, nodes=self.phase_nodes(self.jobs[name], permit.phase),
-                                              keeps_turn=permit.phase is Phase.TRAIN)
+                                              keeps_turn=keeps)
             elif permit.state in PERMIT_PARKED:
                 skip.append(name)
         usable = [n for n in rings if self._usable(n)]
@@ -135,7 +137,7 @@ class GrantQueues(RuntimeState):
             self.holder[m] = job.name
         transition(permit, PERMIT_TRANSITIONS, PermitState.GRANTED, now=self.wall(),
                    reason=f"epoch {self.meta.epoch}")
-        permit.epoch, permit.nodes, permit.migrated = self.meta.epoch, needed, False
+        permit.epoch, permit.nodes, permit.migrated, permit.picked = self.meta.epoch, needed, False, False
         permit.expires_at = self.clock() + self.config.lease_ttl_s
         permit.grantable_at = max([permit.queued_at, *(self.freed_at.get(m, 0.0) for m in needed)])
         self._touch(f"permit/{job.name}", permit)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from rollmux.coordinator.service.api import FailedPreconditionError, NodeState, PermitState, StaleEpochError
 from rollmux.coordinator.service.records import PermitRecord, next_phase
-from rollmux.coordinator.service.runtime.nodes import NodeLiveness
+from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, PERMIT_TRANSITIONS, transition
 from rollmux.model import Phase
@@ -19,7 +19,7 @@ class ReleaseResult:
     already_released: bool  # a retried release of the same epoch
 
 
-class Leases(NodeLiveness):
+class Leases(PhaseLearning):
     """A job's permit through its phases: asked for, granted (leased), renewed, released, expired."""
 
     def acquire(self, name: str, phase: Phase, iteration: int) -> PermitRecord | None:
@@ -41,6 +41,7 @@ class Leases(NodeLiveness):
             return None
         if permit.state is PermitState.GRANTED:
             permit.expires_at = self.clock() + self.config.lease_ttl_s
+            permit.picked = True  # the job holds this grant now (a relocation may no longer take it back)
         elif permit.state in PERMIT_PARKED:
             transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.wall(), reason="asked again")
             self._touch(f"permit/{name}", permit)
@@ -89,8 +90,9 @@ class Leases(NodeLiveness):
             train = duration_s if not train else a * duration_s + (1 - a) * train
         else:  # sync is part of T_train in the policy: add it to the last train sample
             train += a * duration_s
+        iter_roll, iter_train = self._measured(name, permit, duration_s)
         nxt = PermitRecord(job=name, phase=phase, iteration=it, epoch=epoch, last_released_epoch=epoch,
-                           observed_roll_s=roll, observed_train_s=train)
+                           observed_roll_s=roll, observed_train_s=train, iter_roll_s=iter_roll, iter_train_s=iter_train)
         self.permits[name] = nxt
         self._touch(f"permit/{name}", nxt)
         self._enqueue(nxt)

@@ -12,19 +12,40 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from rollmux.coordinator.policy import ClusterState, RollMuxPolicy
+from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
+from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.service.api import JobState, NodeState, NotFoundError, ServiceConfig
-from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord, dumps
+from rollmux.coordinator.service.records import (
+    JobRecord,
+    Meta,
+    NodeRecord,
+    PermitRecord,
+    RelocationRecord,
+    dumps,
+)
 from rollmux.model import ClusterSpec, Phase
 
 Clock = Callable[[], float]
+
+
+def live_policy_config(config: ServiceConfig, *, max_group_size: int = 5) -> PolicyConfig:
+    """The placement knobs a live coordinator runs with.
+
+    Deployment modes follow `ServiceConfig.deployment_modes` (off by default); learned phase times
+    `ServiceConfig.learning` (the runtime feeds the learner from released durations,
+    `runtime.learning`) and regrouping `ServiceConfig.regroup` (moves become relocation
+    directives, `runtime.relocation`).
+    """
+    return PolicyConfig(max_group_size=max_group_size, modes=config.deployment_modes, learn=config.learning,
+                        regroup=config.regroup)
 
 
 class NoticeKind(str, Enum):
     GRANTED = "granted"  # a permit was granted (wake the job, tell its nodes)
     REVOKED = "revoked"  # a lease ended other than by release (expired, drained, job removed)
     MIGRATE = "migrate"  # long-tail migration directive
+    RELOCATE = "relocate"  # a relocation directive was issued, switched, expired or cancelled
     NODE = "node"  # a node's state or holder changed (re-send its snapshot)
     JOB = "job"  # a job's admission or permit changed (wake its waiters)
 
@@ -52,7 +73,7 @@ class RuntimeState:
         self.config = config
         self.clock = clock  # monotonic seconds (lease deadlines)
         self.wall = wall  # seconds since the epoch (histories)
-        self.policy = policy or RollMuxPolicy()
+        self.policy = policy or RollMuxPolicy(live_policy_config(config))
         self.meta = Meta()
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
@@ -60,6 +81,12 @@ class RuntimeState:
         self.served: dict[str, str] = {}  # node -> job whose round-robin turn there ended last (policy.grants)
         self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
         self.placement = ClusterState(cluster)
+        self.relocations: dict[str, RelocationRecord] = {}  # job -> its latest regrouping directive
+        self.learner: PhaseLearner | None = None  # measured iterations per job (runtime.learning)
+        self.learned: dict[str, list[tuple[float, float]]] = {}  # job -> its stored window (learn/<job>)
+        if isinstance(self.policy, RollMuxPolicy) and self.policy.config.learn:
+            self.learner = PhaseLearner(self.policy.config)
+            self.policy.learner = self.learner  # newcomers get the fleet prior, members their learned times
         self.connected: set[str] = set()  # nodes with an open sidecar stream (memory only)
         self.freed_at: dict[str, float] = {}  # node -> when its last permit ended (memory only)
         self._dirty: dict[str, Callable[[], str | None]] = {}
@@ -88,6 +115,13 @@ class RuntimeState:
     def _notify(self, notice: Notice) -> None:
         self._notices.append(notice)
 
+    # hooks the later layers fill in (runtime.learning, runtime.relocation)
+    def _joined(self, name: str) -> None:
+        """Member `name` joined a group (admission, restore, relocation): plan it with what is learned of it."""
+
+    def _departed(self, name: str, group_id: str) -> None:
+        """A job left `group_id`: forget what was learned of it, cancel its directive, plan regrouping."""
+
     # ------------------------------------------------------------------------------------------
     # lookups (raise NotFound)
     # ------------------------------------------------------------------------------------------
@@ -114,4 +148,7 @@ class RuntimeState:
         group = self.placement.groups.get(job.group_id)
         if group is None or job.name not in group.members:
             return ()
-        return group.members[job.name].rollout_nodes if phase is Phase.ROLLOUT else group.train_nodes
+        member = group.members[job.name]
+        if phase is Phase.ROLLOUT and not member.colocated:
+            return member.rollout_nodes
+        return group.train_nodes  # Train and Sync, and a co-located job's Rollout

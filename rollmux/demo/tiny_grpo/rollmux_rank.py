@@ -14,6 +14,11 @@ set (plus ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``) the phases are gated through 
 * The policy returned by ``build_policy`` is registered with ``rollmux.register_state`` (offloaded
   between phases). The trainer's Adam state stays resident: ``job.py`` builds it inside
   ``trainer_main``, out of this launcher's reach.
+* Relocation: before each gated phase the hook honours a pending regrouping directive
+  (``rollmux.relocate``): the rollout rank at its iteration boundary (before its Rollout), the
+  trainer following once the coordinator switched the job. Each rank checkpoints its policy and
+  iteration counters to ``--checkpoint-dir``, re-attaches on its new node
+  (``ROLLMUX_SIDECAR_SOCKET_TEMPLATE``) and reloads the checkpoint, checking it came back intact.
 """
 
 from __future__ import annotations
@@ -23,11 +28,37 @@ import contextlib
 import dataclasses
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 _counts = {"sync": 0, "rollout": 0, "train": 0}
+_held: dict[str, Any] = {}  # what a relocation checkpoints: "policy" (the registered one), "path"
+BOUNDARY_WAIT_S = 5.0
+"""How long the rollout rank keeps acknowledging a directive while the trainer's Sync release is on its way."""
+
+
+def _honour_relocation(name: str) -> None:
+    """Move this rank to the job's new nodes if the coordinator directs it (see the module docstring)."""
+    import rollmux
+
+    if rollmux.relocation() is None or "policy" not in _held:
+        return
+    import torch
+
+    policy, path = _held["policy"], _held["path"]
+
+    def checkpoint() -> None:
+        torch.save({"policy": policy.state_dict(), "counts": dict(_counts)}, path)
+
+    def restore() -> None:
+        saved = torch.load(path)
+        policy.load_state_dict(saved["policy"])
+        if saved["counts"] != _counts:
+            raise RuntimeError(f"relocation checkpoint {path} holds counters {saved['counts']}, not {_counts}")
+
+    rollmux.relocate(checkpoint=checkpoint, restore=restore, wait_s=BOUNDARY_WAIT_S if name == "rollout" else 0.0)
 
 
 @contextlib.contextmanager
@@ -40,6 +71,8 @@ def phase_hook(name: str) -> AbstractContextManager[Any]:
     import rollmux
 
     n = _counts[name]
+    if name != "sync" or n > 0:
+        _honour_relocation(name)
     _counts[name] = n + 1
     if name == "sync":
         return _ungated() if n == 0 else rollmux.phase("sync", iteration=n - 1)
@@ -54,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, required=True, help="0 = trainer, 1 = rollout worker")
     p.add_argument("--init-method", required=True, help="gloo rendezvous, e.g. tcp://127.0.0.1:29500")
     p.add_argument("--cpus", default="", help="comma-separated CPU ids to pin this process to ('' = no pinning)")
+    p.add_argument("--checkpoint-dir", default="", help="where a relocation checkpoints this rank ('' = the temp dir)")
     for f in dataclasses.fields(JobConfig):
         if f.name == "phase_hook":
             continue
@@ -77,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     fields = {f.name for f in dataclasses.fields(job.JobConfig)}
     cfg = job.JobConfig(**{k: v for k, v in vars(args).items() if k in fields})
     gated = rollmux.init(rank=args.rank)
+    _held["path"] = os.path.join(args.checkpoint_dir or tempfile.gettempdir(),
+                                 f"{cfg.job_id}-rank{args.rank}-{os.getpid()}.pt")
     if gated:
         cfg = dataclasses.replace(cfg, phase_hook=f"{__name__}:phase_hook")
         build = job.build_policy
@@ -84,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         def build_and_register(c: job.JobConfig) -> Any:
             policy = build(c)
             rollmux.register_state(policy, name="policy")
+            _held["policy"] = policy
             return policy
 
         job.build_policy = build_and_register  # the loops call it once, first thing

@@ -21,13 +21,15 @@ from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.model import TB, ClusterSpec, JobSpec
 from rollmux.testing import make_job
 
+ALG1 = PolicyConfig(modes=False)  # the paper's Algorithm 1: every job a disaggregated member (test_modes.py has the rest)
+
 NODE_R = 8 * 1.85
 NODE_T = 8 * 5.28
 
 
 def place_all(jobs: list[JobSpec], cluster: ClusterSpec | None = None, **cfg) -> tuple[ClusterState, list]:
     state = ClusterState(cluster or ClusterSpec())
-    policy = RollMuxPolicy(PolicyConfig(**cfg))
+    policy = RollMuxPolicy(PolicyConfig(**{"modes": False, **cfg}))
     decisions = []
     for j in jobs:
         d = policy.place(j, state)
@@ -59,7 +61,7 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_placement_table(existing, job, strategy, delta, reason) -> None:
     state, _ = place_all(existing)
-    decision = RollMuxPolicy().place(job, state)
+    decision = RollMuxPolicy(ALG1).place(job, state)
     assert decision.strategy is strategy
     assert decision.delta_usd_per_h == pytest.approx(delta)
     if reason is not None:
@@ -69,7 +71,7 @@ def test_placement_table(existing, job, strategy, delta, reason) -> None:
 
 def test_rejection_messages_name_the_job_and_numbers() -> None:
     state, _ = place_all([make_job("A", roll=100, train=300, slo=1.0)])
-    decision = RollMuxPolicy().place(make_job("B", roll=100, train=300, slo=1.0), state)
+    decision = RollMuxPolicy(ALG1).place(make_job("B", roll=100, train=300, slo=1.0), state)
     slo = [r for r in decision.rejections if r.reason is RejectReason.SLO]
     assert any("SLO of job" in r.message and "> 1.00" in r.message for r in slo), decision.explain()
 
@@ -77,7 +79,7 @@ def test_rejection_messages_name_the_job_and_numbers() -> None:
 def test_algorithm1_prunes_saturated_groups() -> None:
     state, _ = place_all([make_job("A", roll=300, train=100), make_job("B", roll=100, train=300)])
     # A + B: T_load = 400 = T_cycle -> saturated, so C cannot even be considered there.
-    decision = RollMuxPolicy(PolicyConfig(fill_saturated=False)).place(make_job("C", roll=50, train=50, slo=2.0), state)
+    decision = RollMuxPolicy(PolicyConfig(fill_saturated=False, modes=False)).place(make_job("C", roll=50, train=50, slo=2.0), state)
     assert decision.rejections[0].reason is RejectReason.SATURATED
     assert decision.strategy is Strategy.ISOLATED
 
@@ -85,11 +87,11 @@ def test_algorithm1_prunes_saturated_groups() -> None:
 def test_fill_saturated_packs_when_every_slo_still_holds() -> None:
     state, _ = place_all([make_job("A", roll=300, train=100, slo=1.5), make_job("B", roll=100, train=300, slo=1.5)])
     # C makes the group over-saturated (period 450 > T_cycle 400) but within every SLO budget.
-    decision = RollMuxPolicy().place(make_job("C", roll=50, train=50, slo=5.0), state)
+    decision = RollMuxPolicy(ALG1).place(make_job("C", roll=50, train=50, slo=5.0), state)
     assert decision.group_id == "g0" and decision.delta_usd_per_h == 0.0
     assert decision.t_coexec_s["A"] == pytest.approx(450.0)
     # ...and refuses when the period would break A's SLO (1.5 x 400 = 600 s).
-    tight = RollMuxPolicy().place(make_job("D", roll=250, train=250, slo=5.0), state)
+    tight = RollMuxPolicy(ALG1).place(make_job("D", roll=250, train=250, slo=5.0), state)
     assert tight.group_id is None and RejectReason.SLO in {r.reason for r in tight.rejections}
 
 
@@ -105,7 +107,7 @@ def test_ties_go_to_the_earlier_group() -> None:
     state, _ = place_all([make_job("A", roll=300, train=100), make_job("A2", roll=300, train=100)],
                          max_group_size=1)
     assert len(state.groups) == 2
-    decision = RollMuxPolicy().place(make_job("B", roll=100, train=300), state)
+    decision = RollMuxPolicy(ALG1).place(make_job("B", roll=100, train=300), state)
     assert decision.group_id == "g0"
 
 
@@ -120,7 +122,7 @@ def test_departure_releases_nodes_and_cost_drops() -> None:
 
 def test_unresolved_job_is_refused() -> None:
     with pytest.raises(PolicyError, match="not resolved"):
-        RollMuxPolicy().place(JobSpec(name="j", n_rollout_gpus=8, n_train_gpus=8), ClusterState())
+        RollMuxPolicy(ALG1).place(JobSpec(name="j", n_rollout_gpus=8, n_train_gpus=8), ClusterState())
 
 
 def test_registry() -> None:
@@ -131,7 +133,7 @@ def test_registry() -> None:
 
 def test_explain_lists_choice_and_rejections() -> None:
     state, _ = place_all([make_job("A", roll=100, train=300, slo=1.0)])
-    text = RollMuxPolicy().place(make_job("B", roll=100, train=300, slo=1.0), state).explain()
+    text = RollMuxPolicy(ALG1).place(make_job("B", roll=100, train=300, slo=1.0), state).explain()
     assert text.splitlines()[0].startswith("B -> new group by isolated")
     assert "rejected g0" in text
 
@@ -154,7 +156,7 @@ def test_invariants_hold_for_random_arrivals_and_departures(jobs: list[JobSpec],
     rng = random.Random(seed)
     cluster = ClusterSpec(host_dram_bytes=2 * TB)
     state = ClusterState(cluster)
-    policy = RollMuxPolicy()
+    policy = RollMuxPolicy(ALG1)
     alive: list[JobSpec] = []
     for job in jobs:
         if alive and rng.random() < 0.3:
@@ -178,7 +180,7 @@ def test_restored_groups_are_indexed_and_ids_continue() -> None:
     restored = ClusterState()
     restored.restore_group("g0", g.train_nodes, tuple(g.rollout),
                            [(m.spec, m.rollout_nodes) for m in g.members.values()])
-    decision = RollMuxPolicy().place(make_job("B", roll=100, train=300), restored)
+    decision = RollMuxPolicy(ALG1).place(make_job("B", roll=100, train=300), restored)
     assert decision.group_id == "g0" and decision.strategy is Strategy.DIRECT_PACKING
-    other = RollMuxPolicy().place(make_job("C", roll=50, train=50, slo=1.0), restored)
+    other = RollMuxPolicy(ALG1).place(make_job("C", roll=50, train=50, slo=1.0), restored)
     assert restored.apply(make_job("C", roll=50, train=50, slo=1.0), other).group_id == "g1"

@@ -24,11 +24,11 @@ class FakeClock:
 
 
 def make_runtime(n_rollout: int = 4, n_train: int = 2, *, ttl: float = 10.0, heartbeat_s: float = 1e6,
-                 clock: FakeClock | None = None) -> tuple[Runtime, FakeClock]:
+                 clock: FakeClock | None = None, modes: bool = False) -> tuple[Runtime, FakeClock]:
     """A runtime with connected nodes; heartbeats lapse only in tests that ask (`heartbeat_s`)."""
     clock = clock or FakeClock()
-    rt = Runtime(ClusterSpec(), ServiceConfig(lease_ttl_s=ttl, heartbeat_interval_s=heartbeat_s), clock=clock,
-                 wall=clock)
+    rt = Runtime(ClusterSpec(), ServiceConfig(lease_ttl_s=ttl, heartbeat_interval_s=heartbeat_s,
+                                              deployment_modes=modes), clock=clock, wall=clock)
     for i in range(n_rollout):
         rt.register_node(node_id=f"r{i}", pool=Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * TB,
                          nvml={})

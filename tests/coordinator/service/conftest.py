@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,6 +61,40 @@ class RedisProcess:
             self.proc.terminate()
             self.proc.wait(10)
             self.proc = None
+
+
+class CoordinatorProcess:
+    """`rollmux coordinator --redis` in its own process, SIGKILLed and restarted with one instance id."""
+
+    def __init__(self, redis_url: str, workdir: Path, *flags: str, instance_id: str = "chaos") -> None:
+        self.port, self.url, self.dir, self.flags, self.instance_id = free_port(), redis_url, workdir, flags, instance_id
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.starts += 1
+        err = open(self.dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rollmux", "coordinator", "--redis", self.url, "--listen", self.address,
+             "--http", "", "--lease-ttl", "2.0", "--instance-id", self.instance_id, "--log-format", "text",
+             *self.flags], stderr=err, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("coordinator did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 
 from rollmux.coordinator.service.client import CoordinatorClient
 
-from .conftest import RedisProcess, free_port, job_spec
+from .conftest import CoordinatorProcess, RedisProcess, job_spec
 
 LONG = os.environ.get("ROLLMUX_CHAOS_LONG") == "1"
 N_JOBS = 8 if LONG else 4
@@ -29,37 +28,7 @@ WORKER = str(Path(__file__).with_name("chaos_worker.py"))
 PY = sys.executable
 
 
-class Coordinator:
-    def __init__(self, redis_url: str, workdir: Path) -> None:
-        self.port = free_port()
-        self.url, self.dir = redis_url, workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.starts += 1
-        err = open(self.dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [PY, "-m", "rollmux", "coordinator", "--redis", self.url, "--listen", self.address, "--http", "",
-             "--lease-ttl", "2.0", "--instance-id", "chaos", "--log-format", "text"], stderr=err,
-            stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("coordinator did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+Coordinator = CoordinatorProcess
 
 
 def released_count(log: Path) -> int:

@@ -4,6 +4,7 @@ from collections import defaultdict
 
 import pytest
 
+from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.runtime import RuntimeConfig
 from rollmux.coordinator.sim.workload import generate
@@ -12,11 +13,12 @@ from rollmux.model import Phase
 from .builders import trace_job
 
 WORST = RuntimeConfig(stochastic=False)
+ALG1 = PolicyConfig(modes=False, learn=False, regroup=False)  # the driver's mechanics on the paper's policy
 
 
 def test_a_job_alone_runs_at_solo_speed_and_pays_its_own_pools() -> None:
     trace = [trace_job("a", arrival=100, iterations=10, roll=100, train=50)]
-    res = simulate(trace, ["rollmux", "solo-d"], ctx=build_context(trace, runtime=WORST))
+    res = simulate(trace, ["rollmux", "solo-d"], ctx=build_context(trace, runtime=WORST, policy_config=ALG1))
     for name in ("rollmux", "solo-d"):
         (job,) = res.runs[name].jobs
         assert job.finish_s == pytest.approx(100 + 10 * 150)
@@ -29,7 +31,7 @@ def test_a_job_alone_runs_at_solo_speed_and_pays_its_own_pools() -> None:
 def test_complementary_jobs_share_a_group_and_halve_the_training_bill() -> None:
     trace = [trace_job("a", iterations=30, roll=100, train=100, slo=1.2),
              trace_job("b", arrival=10, iterations=30, roll=100, train=100, slo=1.2)]
-    res = simulate(trace, ["rollmux", "solo-d"], ctx=build_context(trace, runtime=WORST))
+    res = simulate(trace, ["rollmux", "solo-d"], ctx=build_context(trace, runtime=WORST, policy_config=ALG1))
     assert {j.group_id for j in res.runs["rollmux"].jobs} == {"g0"}
     assert res.summaries["rollmux"].slo_attainment_planned == 1.0
     assert res.summaries["rollmux"].peak_gpus_train == 8 and res.summaries["solo-d"].peak_gpus_train == 16
@@ -47,7 +49,8 @@ def _check_invariants(intervals, jobs) -> None:  # noqa: ANN001
         for iv in ivs:
             if iv.end_s <= iv.start_s:
                 continue
-            for n in (iv.nodes if iv.phase is Phase.ROLLOUT else (f"{gid}/train",)):
+            on_train = iv.phase is Phase.TRAIN or iv.nodes == ("train",)  # a co-located Rollout holds the pool
+            for n in ((f"{gid}/train",) if on_train else iv.nodes):
                 per_node[n].append((iv.start_s, iv.end_s if iv.released_s is None else iv.released_s))
             per_job[iv.job].append(iv)
     for spans in per_node.values():
@@ -84,9 +87,9 @@ def test_rollmux_meets_planned_slos_where_random_and_most_idle_do_not() -> None:
 
 def test_cold_start_and_flat_sync_only_ever_slow_things_down() -> None:
     trace = [trace_job(f"j{k}", arrival=10 * k, iterations=20, roll=100 + 5 * k, train=100) for k in range(4)]
-    base = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST)).summaries["rollmux"]
+    base = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST, policy_config=ALG1)).summaries["rollmux"]
     for rt in (RuntimeConfig(stochastic=False, warm_start=False), RuntimeConfig(stochastic=False, two_stage_sync=False)):
-        other = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=rt)).summaries["rollmux"]
+        other = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=rt, policy_config=ALG1)).summaries["rollmux"]
         assert other.mean_jct_h > base.mean_jct_h
 
 
@@ -95,8 +98,9 @@ def test_long_tail_migration_lets_the_next_rollout_start_under_the_tail() -> Non
     # the 80% mark (worst case: every rollout's tail is its last 20%) shortens both jobs.
     trace = [trace_job("a", iterations=40, roll=200, train=40, slo=2.0),
              trace_job("b", arrival=1, iterations=40, roll=200, train=40, slo=2.0)]
-    on = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST))
-    off = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=RuntimeConfig(stochastic=False, migration=False)))
+    on = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST, policy_config=ALG1))
+    off = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=RuntimeConfig(stochastic=False, migration=False),
+                                                              policy_config=ALG1))
     assert {j.group_id for j in on.runs["rollmux"].jobs} == {"g0"}
     assert on.summaries["rollmux"].mean_jct_h < 0.9 * off.summaries["rollmux"].mean_jct_h
     rolls = [iv for iv in on.runs["rollmux"].intervals["g0"] if iv.phase is Phase.ROLLOUT]
@@ -111,7 +115,7 @@ def test_a_departure_releases_the_rollout_nodes_it_emptied_and_the_group_keeps_i
     # rollout scaling on a new node; when b leaves, only that node is released.
     trace = [trace_job("a", iterations=40, roll=200, train=50, slo=1.3),
              trace_job("b", arrival=10, iterations=10, roll=200, train=50, slo=1.3)]
-    run = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST)).runs["rollmux"]
+    run = simulate(trace, ["rollmux"], ctx=build_context(trace, runtime=WORST, policy_config=ALG1)).runs["rollmux"]
     assert {j.group_id for j in run.jobs} == {"g0"}
     b_done = next(j.finish_s for j in run.jobs if j.job_id == "b")
     during = [p for p in run.timeline if 10 <= p.t_s < b_done]

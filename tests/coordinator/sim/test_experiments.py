@@ -9,7 +9,7 @@ from rollmux.testing import make_job
 
 
 def test_a_lone_job_gets_solo_throughput_and_work_cost_equals_its_price() -> None:
-    res = static_instance([make_job(roll=100, train=100)], ClusterSpec(), PolicyConfig())
+    res = static_instance([make_job(roll=100, train=100)], ClusterSpec(), PolicyConfig(modes=False))
     for name in ("opt", "rollmux", "random", "most-idle"):
         assert res[name].throughput == pytest.approx(1.0)
         assert res[name].usd_per_work == pytest.approx(res[name].usd_per_h)

@@ -65,7 +65,7 @@ def test_random_respects_group_size_and_host_dram() -> None:
 def test_most_idle_picks_the_idlest_group_and_its_idlest_nodes() -> None:
     state = ClusterState()
     pair = [make_job("p1", roll=100, train=100, slo=1.2), make_job("p2", roll=100, train=100, slo=1.2)]
-    place_all(RollMuxPolicy(), pair, state)  # one saturated group: both pools always busy
+    place_all(RollMuxPolicy(PolicyConfig(modes=False)), pair, state)  # one saturated disaggregated group
     lone = make_job("lone", roll=100, train=100)
     state.apply(lone, SoloDPolicy().place(lone, state))
     g_pair, g_lone = (state.groups[state.job_group[n]] for n in ("p1", "lone"))
