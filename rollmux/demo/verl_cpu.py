@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
+    from rollmux.demo.launch import interrupt_safe
     from rollmux.demo.report import gantt, order_violations, overlaps, spans
     from rollmux.demo.tiny import _NullLive
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             for n, s, r in JOBS]
     console.print(f"logs and phase records under {out}; veRL starts slowly on CPU (about a minute per job)")
     try:
-        with scenario.rollmux_setup(out / "rollmux") as cluster:
+        with interrupt_safe(), scenario.rollmux_setup(out / "rollmux") as cluster:
             with Live(_table(jobs, {}, cluster.events, job_mod), console=console, refresh_per_second=2,
                       transient=False) if not args.no_live else _NullLive() as live:
                 done = scenario.run([(j, scenario.opt_in(cluster, j.name)) for j in jobs],
