@@ -79,7 +79,7 @@ def kill(job: VerlJob, proc: subprocess.Popen[bytes]) -> None:
 def rollmux_setup(workdir: Path, *, lease_ttl_s: float = 10.0) -> Iterator[LocalCluster]:
     """redis-server + Redis-backed coordinator with a bootstrap secret + a rollout-pool and a train-pool
     sidecar started with ``--secret-file`` (as the Helm chart runs them)."""
-    from redis_proc import RedisProcess
+    from rollmux.chaos.procs import RedisProcess  # one redis-server helper for harnesses, chaos and tests
 
     workdir.mkdir(parents=True, exist_ok=True)
     redis = RedisProcess(workdir)
