@@ -107,30 +107,99 @@ def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: 
                usable: Collection[str], skip: Collection[str] = ()) -> GrantStep:
     """Grant every request whose turn it is on all its nodes, all of them free and usable.
 
+    Turns on different nodes move independently, so waiting requests can form a cycle that no grant
+    will ever break: job X's turn on node n while X waits for node m, whose turn is Y's, while Y waits
+    for n (the chaos run found one after a failover; new and leaving jobs and lapsed leases shift the
+    turns out of step). Only a cycle of that kind, every job in it waiting on turns alone (no held,
+    unusable or just-granted node), is broken: the turn on one of its nodes passes over its job, one
+    whose waiting phase does not need that node when there is one. Outside such a deadlock the
+    round-robin order is exactly as before.
+
     Raises:
         PolicyError: a request needs a node without a ring, or that its job is not part of.
     """
+    for job in sorted(requests):
+        for n in requests[job].nodes:
+            if n not in rings or job not in rings[n].order:
+                raise PolicyError(f"job {job!r} requests node {n} but is not in its round-robin ring")
     turns: dict[str, str] = {}
     served: dict[str, str] = {}
     for node, ring in rings.items():
         now = current_turn(ring, skip)
         if now is not None and now != ring.turn:
             turns[node], served[node] = now, ring.before(now)
-    grants = []
+    grants: list[Grant] = []
     taken: set[str] = set()  # granted in this step
-    for job in sorted(requests):
-        req = requests[job]
-        for n in req.nodes:
-            if n not in rings or job not in rings[n].order:
-                raise PolicyError(f"job {job!r} requests node {n} but is not in its round-robin ring")
-        if all(n in usable and n not in holders and n not in taken and turns.get(n, rings[n].turn) == job
-               for n in req.nodes):
-            grants.append(Grant(job=job, nodes=req.nodes))
-            taken.update(req.nodes)
-            if not req.keeps_turn:
-                for n in req.nodes:
-                    turns[n], served[n] = rings[n].after(job), job
+    waiting = dict(requests)
+    for _ in range(1 + sum(len(r.order) for r in rings.values())):  # each pass-over moves a turn on
+        for job in sorted(waiting):
+            req = waiting[job]
+            if all(n in usable and n not in holders and n not in taken and turns.get(n, rings[n].turn) == job
+                   for n in req.nodes):
+                grants.append(Grant(job=job, nodes=req.nodes))
+                taken.update(req.nodes)
+                del waiting[job]
+                if not req.keeps_turn:
+                    for n in req.nodes:
+                        turns[n], served[n] = rings[n].after(job), job
+        edge = deadlock_edge(rings, turns, holders, waiting, usable=usable, taken=taken)
+        if edge is None:
+            break
+        node, job = edge
+        ring = Ring(order=rings[node].order, turn=rings[node].after(job))
+        turns[node], served[node] = current_turn(ring, skip) or ring.turn, job
     return GrantStep(grants=tuple(grants), served=served)
+
+
+def deadlock_edge(rings: Mapping[str, Ring], turns: Mapping[str, str], holders: Mapping[str, str],
+                  waiting: Mapping[str, PhaseRequest], *, usable: Collection[str],
+                  taken: Collection[str] = ()) -> tuple[str, str] | None:
+    """(node, job) whose turn closes a cycle of requests waiting on turns alone, or None.
+
+    A request waits on turns alone when each of its nodes is usable and free and, where it is not the
+    request's turn, the turn is another waiting job's. Such requests point at those jobs; a cycle
+    among them never moves by itself. Of the cycle's edges, the first whose job does not need the
+    node (it waits elsewhere) is returned, else the first edge; the order is deterministic.
+    """
+    edges: dict[str, list[tuple[str, str]]] = {}  # job -> [(node, job whose turn it is there)]
+    for job in sorted(waiting):
+        out = []
+        for n in waiting[job].nodes:
+            if n not in usable or n in holders or n in taken:
+                break
+            turn = turns.get(n, rings[n].turn)
+            if turn != job:
+                if turn not in waiting:
+                    break
+                out.append((n, turn))
+        else:
+            if out:
+                edges[job] = out
+    state: dict[str, int] = {}  # 1: on the current path, 2: explored
+    path: list[tuple[str, str, str]] = []  # (from job, node, to job)
+
+    def visit(job: str) -> list[tuple[str, str, str]] | None:
+        state[job] = 1
+        for node, nxt in edges.get(job, ()):
+            if nxt not in edges:
+                continue
+            path.append((job, node, nxt))
+            if state.get(nxt) == 1:
+                start = next(i for i, (frm, _, _) in enumerate(path) if frm == nxt)
+                return path[start:]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+            path.pop()
+        state[job] = 2
+        return None
+
+    for job in sorted(edges):
+        if job not in state and (cycle := visit(job)) is not None:
+            for _, node, blocker in cycle:
+                if node not in waiting[blocker].nodes:
+                    return node, blocker
+            return cycle[0][1], cycle[0][2]
+    return None
 
 
 def group_rings(group: GroupState, served: Mapping[str, str]) -> dict[str, Ring]:
@@ -157,5 +226,5 @@ def served_after_leaving(ring: Ring, job: str) -> str | None:
     return rest[rest.index(turn) - 1]
 
 
-__all__ = ["Grant", "GrantStep", "PhaseRequest", "Ring", "current_turn", "grant_step", "group_rings",
+__all__ = ["Grant", "GrantStep", "PhaseRequest", "Ring", "current_turn", "deadlock_edge", "grant_step", "group_rings",
            "served_after_leaving"]

@@ -27,8 +27,10 @@ Runtime semantics (DESIGN.md, Intra-group scheduler):
   released. On each node the group's jobs take turns in member order, once per meta-iteration
   (`policy.grants.grant_step`, the same step the simulator runs): the schedule the SLO check
   assumes. Train keeps the training turn for its Sync, so nothing interleaves with them.
-- Every node's turn order is the group's one member order, so the earliest waiting phase in
-  (meta-iteration, member order) is always next on all its nodes: no cyclic wait.
+- Every node's turn order is the group's one member order. Turns on different nodes can still get
+  out of step (a crash between two stored writes, joins and departures mid meta-iteration), and two
+  waiting jobs can then hold each other's turn; the grant step breaks such a cycle by passing over
+  one turn (`policy.grants.deadlock_edge`), so a group never stalls on turns alone.
 - A grant holds every needed node with a lease (cluster-wide increasing epoch + TTL). At most one
   permit holds a node (`holder`), the safety invariant `check_invariants` asserts.
 """

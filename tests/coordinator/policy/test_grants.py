@@ -12,6 +12,7 @@ from rollmux.coordinator.policy.executor import run_schedule
 from rollmux.coordinator.policy.grants import (
     PhaseRequest,
     Ring,
+    deadlock_edge,
     grant_step,
     served_after_leaving,
 )
@@ -74,6 +75,61 @@ def test_a_request_outside_its_ring_is_a_caller_bug() -> None:
         grant_step({"t": Ring(order=("a",), turn="a")}, {}, ask("b", "t"), usable={"t"})
     with pytest.raises(PolicyError, match="not one of its jobs"):
         Ring(order=("a",), turn="z")
+
+
+def test_a_cycle_of_turns_is_broken_where_the_turn_holder_waits_elsewhere() -> None:
+    # The chaos run's state: x holds r's turn but waits for Train on t; t's turn is y's (it joined
+    # after x's last Train), and y waits for its first Rollout on r. Neither turn would ever move.
+    rings = {"r": Ring(order=("x", "y"), turn="x"), "t": Ring(order=("x", "y"), turn="y")}
+    requests = {**ask("x", "t", keeps_turn=True), **ask("y", "r")}
+    assert deadlock_edge(rings, {}, {}, requests, usable={"r", "t"}) == ("t", "y")  # y does not need t now
+    step = grant_step(rings, {}, requests, usable={"r", "t"})
+    assert [(g.job, g.nodes) for g in step.grants] == [("x", ("t",))]  # Train goes; its Sync keeps the turn
+    assert step.served == {"t": "y"}  # y passed over on t, its turn comes round again after x
+    rings["t"] = Ring.following(rings["t"].order, step.served["t"])
+    assert rings["t"].turn == "x"
+
+
+def test_waiting_on_a_held_or_unusable_node_or_a_running_job_is_not_a_deadlock() -> None:
+    rings = {"r": Ring(order=("x", "y"), turn="x"), "t": Ring(order=("x", "y"), turn="y")}
+    requests = {**ask("x", "t"), **ask("y", "r")}
+    assert grant_step(rings, {"t": "z"}, requests, usable={"r", "t"}).grants == ()  # t frees by itself
+    assert grant_step(rings, {}, requests, usable={"r"}).grants == ()  # t's sidecar comes back
+    assert grant_step(rings, {}, ask("x", "t"), usable={"r", "t"}).grants == ()  # y runs elsewhere: strict turn
+
+
+@st.composite
+def turn_states(draw):  # type: ignore[no-untyped-def]
+    jobs = [f"j{i}" for i in range(draw(st.integers(2, 4)))]
+    nodes = [f"n{i}" for i in range(draw(st.integers(1, 4)))]
+    rings = {}
+    for n in nodes:
+        order = tuple(j for j in jobs if draw(st.booleans())) or (jobs[0],)
+        rings[n] = Ring(order=order, turn=draw(st.sampled_from(order)))
+    requests = {}
+    for j in jobs:
+        mine = [n for n in nodes if j in rings[n].order]
+        if mine and draw(st.booleans()):
+            picked = tuple(n for n in mine if draw(st.booleans())) or (mine[0],)
+            requests[j] = PhaseRequest(job=j, nodes=picked, keeps_turn=draw(st.booleans()))
+    return rings, requests
+
+
+@settings(max_examples=300, deadline=None)
+@given(turn_states())
+def test_after_a_step_no_waiting_cycle_remains_and_a_cluster_of_waiters_grants_something(state) -> None:  # type: ignore[no-untyped-def]
+    rings, requests = state
+    usable = set(rings)
+    step = grant_step(rings, {}, requests, usable=usable)
+    granted = {g.job for g in step.grants}
+    after = {n: Ring.following(r.order, step.served[n]) if n in step.served else r for n, r in rings.items()}
+    holders = {n: g.job for g in step.grants for n in g.nodes}
+    waiting = {j: r for j, r in requests.items() if j not in granted}
+    assert deadlock_edge(after, {}, holders, waiting, usable=usable) is None
+    if requests and all(j in requests for r in rings.values() for j in r.order):
+        assert step.grants  # every node free and usable and every job waiting: granting nothing is a stall
+    taken = [n for g in step.grants for n in g.nodes]
+    assert len(taken) == len(set(taken))  # one holder per node
 
 
 def test_issue_example_long_job_trains_before_the_short_one_trains_again() -> None:

@@ -6,12 +6,16 @@
   its coordinator after more than `retry_s` of waiting failed at once instead of reaching the standby;
 * a leader that lost its leadership without dying (paused, or beaten to it after a Redis restart) kept
   its node streams open as a standby: the sidecars stayed with it and the new leader saw those nodes
-  LOST, granting nothing on them, for good.
+  LOST, granting nothing on them, for good;
+* turns on the rollout and the training node out of step (a coordinator killed between two of its
+  stored writes, a job joining or leaving mid meta-iteration) left two waiting jobs each holding the
+  other's turn, and the group stalled for good (`policy.grants.deadlock_edge` now breaks such cycles).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 import time
@@ -73,6 +77,49 @@ def leader_and_standby(redis: RedisProcess, workdir: Path, flags: list[str]) -> 
             a.proc.send_signal(signal.SIGCONT)
         a.kill()
         b.kill()
+
+
+@pytest.mark.timeout(120)
+def test_two_jobs_holding_each_others_turn_after_a_reload_both_go_on(redis_server: RedisProcess) -> None:
+    import redis
+
+    opts = ServerOptions(redis_url=redis_server.url, http=None,
+                         config=ServiceConfig(lease_ttl_s=30.0, reap_interval_s=0.02, heartbeat_interval_s=0.2))
+    srv = ThreadedServer(opts)
+    try:
+        assert srv.wait_ready(10)
+        client = CoordinatorClient(srv.address, retry_s=5.0)
+        add_nodes(client, 1, 1)
+        x, y = client.register_job(job_spec("x")), client.register_job(job_spec("y"))
+        assert x.status().rollout_nodes == y.status().rollout_nodes == ("r0",)
+        for job in (x, y, x, x):  # x: Rollout(0); y: Rollout(0); x: Train(0), Sync(0)
+            info = job.status()
+            job.release(job.acquire(info.next_phase, info.next_iteration, timeout_s=5), 1.0)
+        close_node_streams()
+        client.close()
+        srv.stop()
+        # What a crash that lost some of the last writes can leave: both next phases waiting, x's
+        # Rollout(1) behind y's turn on r0, y's Train(0) behind x's turn on t0.
+        db = redis.Redis.from_url(redis_server.url)
+        for name in ("x", "y"):
+            permit = json.loads(db.hget("rollmux:state", f"permit/{name}"))
+            db.hset("rollmux:state", f"permit/{name}", json.dumps({**permit, "state": "queued", "nodes": []}))
+        db.hset("rollmux:state", mapping={"served/r0": json.dumps("x"), "served/t0": json.dumps("y")})
+        srv = ThreadedServer(opts)
+        assert srv.wait_ready(10)
+        client = CoordinatorClient(srv.address, retry_s=5.0)
+        add_nodes(client, 1, 1)
+        x, y = client.job("x", x.token), client.job("y", y.token)
+        assert (x.status().next_phase, y.status().next_phase) == (Phase.ROLLOUT, Phase.TRAIN)
+        # The cycle breaks at r0 (y waits elsewhere): x rolls out, then takes its Train turn on t0;
+        # y trains after it. Each phase is granted within the wait: nobody waits on a stuck turn.
+        for job in (x, x, x, y, y):
+            info = job.status()
+            job.release(job.acquire(info.next_phase, info.next_iteration, timeout_s=5), 1.0)
+        client.close()
+    finally:
+        close_node_streams()
+        srv.stop()
 
 
 @pytest.mark.timeout(120)
