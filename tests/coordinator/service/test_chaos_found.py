@@ -33,33 +33,48 @@ from rollmux.model import Phase
 from .conftest import add_nodes, close_node_streams, job_spec
 
 
+class ReloadingServer:
+    """The real server on a real Redis with one rollout and one training node, restartable in one call
+    (the state comes back from Redis); `client` talks to the server running now."""
+
+    def __init__(self, redis_server: RedisProcess) -> None:
+        self.opts = ServerOptions(redis_url=redis_server.url, http=None,
+                                  config=ServiceConfig(lease_ttl_s=30.0, reap_interval_s=0.02, heartbeat_interval_s=0.2))
+        self.srv: ThreadedServer | None = None
+        self.client: CoordinatorClient | None = None
+
+    def start(self) -> CoordinatorClient:
+        self.srv = ThreadedServer(self.opts)
+        assert self.srv.wait_ready(10)
+        self.client = CoordinatorClient(self.srv.address, retry_s=5.0)
+        add_nodes(self.client, 1, 1)
+        return self.client
+
+    def stop(self) -> None:
+        close_node_streams()
+        if self.client is not None:
+            self.client.close()
+        if self.srv is not None:
+            self.srv.stop()
+        self.srv = self.client = None
+
+
 def test_a_queued_first_permit_survives_a_reload(redis_server: RedisProcess) -> None:
-    opts = ServerOptions(redis_url=redis_server.url, http=None,
-                         config=ServiceConfig(lease_ttl_s=30.0, reap_interval_s=0.02, heartbeat_interval_s=0.2))
-    srv = ThreadedServer(opts)
+    server = ReloadingServer(redis_server)
     try:
-        assert srv.wait_ready(10)
-        client = CoordinatorClient(srv.address, retry_s=5.0)
-        add_nodes(client, 1, 1)
+        client = server.start()
         a, b = client.register_job(job_spec("a")), client.register_job(job_spec("b"))
         held = a.acquire(Phase.ROLLOUT, 0, timeout_s=5)
         with pytest.raises(Exception, match="not granted"):
             b.acquire(Phase.ROLLOUT, 0, timeout_s=0.2)  # queued behind a
-        close_node_streams()
-        client.close()
-        srv.stop()
-        srv = ThreadedServer(opts)  # a restart: the state comes back from Redis
-        assert srv.wait_ready(10)
-        client = CoordinatorClient(srv.address, retry_s=5.0)
-        add_nodes(client, 1, 1)
+        server.stop()
+        client = server.start()  # a restart: the state comes back from Redis
         assert client.job("b", b.token).status().permit_state == "queued"
         client.job("a", a.token).release(held, 1.0)
         granted = client.job("b", b.token).acquire(Phase.ROLLOUT, 0, timeout_s=10)
         assert granted.job == "b" and granted.epoch > held.epoch
-        client.close()
     finally:
-        close_node_streams()
-        srv.stop()
+        server.stop()
 
 
 @contextlib.contextmanager
@@ -83,21 +98,15 @@ def leader_and_standby(redis: RedisProcess, workdir: Path, flags: list[str]) -> 
 def test_two_jobs_holding_each_others_turn_after_a_reload_both_go_on(redis_server: RedisProcess) -> None:
     import redis
 
-    opts = ServerOptions(redis_url=redis_server.url, http=None,
-                         config=ServiceConfig(lease_ttl_s=30.0, reap_interval_s=0.02, heartbeat_interval_s=0.2))
-    srv = ThreadedServer(opts)
+    server = ReloadingServer(redis_server)
     try:
-        assert srv.wait_ready(10)
-        client = CoordinatorClient(srv.address, retry_s=5.0)
-        add_nodes(client, 1, 1)
+        client = server.start()
         x, y = client.register_job(job_spec("x")), client.register_job(job_spec("y"))
         assert x.status().rollout_nodes == y.status().rollout_nodes == ("r0",)
         for job in (x, y, x, x):  # x: Rollout(0); y: Rollout(0); x: Train(0), Sync(0)
             info = job.status()
             job.release(job.acquire(info.next_phase, info.next_iteration, timeout_s=5), 1.0)
-        close_node_streams()
-        client.close()
-        srv.stop()
+        server.stop()
         # What a crash that lost some of the last writes can leave: both next phases waiting, x's
         # Rollout(1) behind y's turn on r0, y's Train(0) behind x's turn on t0.
         db = redis.Redis.from_url(redis_server.url)
@@ -105,10 +114,7 @@ def test_two_jobs_holding_each_others_turn_after_a_reload_both_go_on(redis_serve
             permit = json.loads(db.hget("rollmux:state", f"permit/{name}"))
             db.hset("rollmux:state", f"permit/{name}", json.dumps({**permit, "state": "queued", "nodes": []}))
         db.hset("rollmux:state", mapping={"served/r0": json.dumps("x"), "served/t0": json.dumps("y")})
-        srv = ThreadedServer(opts)
-        assert srv.wait_ready(10)
-        client = CoordinatorClient(srv.address, retry_s=5.0)
-        add_nodes(client, 1, 1)
+        client = server.start()
         x, y = client.job("x", x.token), client.job("y", y.token)
         assert (x.status().next_phase, y.status().next_phase) == (Phase.ROLLOUT, Phase.TRAIN)
         # The cycle breaks at r0 (y waits elsewhere): x rolls out, then takes its Train turn on t0;
@@ -116,10 +122,8 @@ def test_two_jobs_holding_each_others_turn_after_a_reload_both_go_on(redis_serve
         for job in (x, x, x, y, y):
             info = job.status()
             job.release(job.acquire(info.next_phase, info.next_iteration, timeout_s=5), 1.0)
-        client.close()
     finally:
-        close_node_streams()
-        srv.stop()
+        server.stop()
 
 
 @pytest.mark.timeout(120)
