@@ -10,9 +10,6 @@ next to this file imports it; the harness puts this folder on the workers' ``PYT
 * ``DataProto.to("cuda")`` stays on the CPU; CUDA-IPC device-uuid rewriting skips CPU tensors;
   tensors cross processes through the file-system sharing strategy; HF models reload with ``.to``.
 * :class:`CpuInferWorker`: ROLL's InferWorker awaits its strategy; hf_infer is synchronous.
-* Agentic: hf_infer has no request path, so the harness acts through ROLL's "random" LLM proxy; its
-  FrozenLake action is a fixed function of the game state and the rollout scheduler's env seeds come
-  from a fixed seed (the stand-in for greedy decoding: the same state gets the same move every run).
 """
 
 from __future__ import annotations
@@ -120,31 +117,7 @@ def _patch_load_hf(mod: Any) -> None:
     mod.load_hf_model = _load_to_cpu
 
 
-def _seed_rollout_seeds(mod: Any) -> None:
-    # RolloutScheduler draws each train step's env seed with the process's global `random`
-    # (rollout_scheduler.py: random.randint): start that process from one seed
-    import random
-
-    random.seed(0)
-
-
-def _seeded_random_actions(mod: Any) -> None:
-    # FrozenLake's sample_random_action (ROLL's "random" LLM proxy) uses the global `random`, and the
-    # env manager plays episodes continuously, so which draw lands in a batch depends on timing: pick
-    # the action from the game state instead (map and position), the same in every run
-    import random
-    import zlib
-
-    def sample_random_action(self: Any) -> Any:
-        state = f"{getattr(self, 'desc', None)!r}/{getattr(self, 's', None)}".encode()
-        return random.Random(zlib.crc32(state)).choice(list(self.ACTION_LOOKUP.values()))
-
-    mod.FrozenLakeEnv.sample_random_action = sample_random_action
-
-
 _HOOKS.update({
-    "roll.distributed.scheduler.rollout_scheduler": _seed_rollout_seeds,
-    "roll.pipeline.agentic.env.frozen_lake.env": _seeded_random_actions,
     "roll.platforms.cpu": _patch_platform,
     "roll.distributed.scheduler.protocol": _patch_protocol,
     "roll.utils.send_recv_utils": _patch_send_recv,
