@@ -115,11 +115,19 @@ def wrap_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
 # ------------------------------------------------------------------------------------- pipeline
 
 
+def _partial_gpu(cfg: Any) -> bool:
+    """Whether AgenticPipeline would run partial-GPU mode: its ``partial_gpu_mode`` flag (default True)
+    only derives it, and it is on when actor_train's devices are a proper subset of actor_infer's."""
+    train = set(getattr(getattr(cfg, "actor_train", None), "device_mapping", None) or [])
+    infer = set(getattr(getattr(cfg, "actor_infer", None), "device_mapping", None) or [])
+    return bool(train) and train < infer
+
+
 def _check_config(cfg: Any) -> None:
     if getattr(cfg, "async_pipeline", False) or float(getattr(cfg, "async_generation_ratio", 0) or 0) > 0:
         raise AdapterError("RollMux ROLL adapter: async_generation_ratio > 0 overlaps rollout with training, "
                            "which phase multiplexing cannot gate; set async_generation_ratio: 0 or " + REMEDY)
-    if getattr(cfg, "partial_gpu_mode", False):
+    if getattr(cfg, "partial_gpu_mode", False) and _partial_gpu(cfg):
         raise AdapterError("RollMux ROLL adapter: partial_gpu_mode shrinks and expands actor_infer inside a "
                            "step, which the adapter does not gate yet; disable it or " + REMEDY)
 
