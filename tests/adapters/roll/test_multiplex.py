@@ -53,6 +53,10 @@ KIND = {"g": "agentic"}
 LEASE_TTL_S = 5.0
 ORDER = [("rollout", 0), ("train", 0), ("sync", 0), ("rollout", 1), ("train", 1)]
 """A 2-step job's phases: the last step's weight push belongs to a step that never runs."""
+SLO = "10"
+"""The largest accepted (10), so that the coordinator puts all four opted-in jobs in one group: its profiler sizes the
+agentic job's rollout by ``sequence_length`` (2048 tokens, vs 8 for RLVR), and with the usual 3.0 it
+placed that job in a group of its own, whose turn came only after the RLVR jobs finished."""
 SOLO = ("solo-a", "solo-a2", "solo-b", "solo-g")
 MUX = ("mux-a", "mux-b", "mux-g", "mux-k")
 
@@ -109,8 +113,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         jobs.update({n: _launch(n, wd) for n in SOLO})
         results: dict[str, Any] = {n: jobs[n].wait(timeout_s=600) for n in SOLO}
-        jobs.update({n: _launch(n, wd, start_file=go, extra_env={**pools.job_env(events), "ROLLMUX_JOB": n})
-                     for n in MUX})
+        jobs.update({n: _launch(n, wd, start_file=go, extra_env={**pools.job_env(events), "ROLLMUX_JOB": n,
+                                                               "ROLLMUX_SLO": SLO}) for n in MUX})
         kill, stop = Kill(job="mux-k"), threading.Event()
         start_together([jobs[n] for n in MUX], go)
         killer = threading.Thread(target=_killer, args=(pools, jobs["mux-k"], kill, stop), daemon=True)
