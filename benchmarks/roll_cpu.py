@@ -1,6 +1,6 @@
 """The real ROLL RLVR pipeline on CPU: RollMux's overhead on one job, and two jobs sequential vs multiplexed.
 
-    python benchmarks/roll_cpu.py [--steps 3] [--out DIR] [--check]
+    python benchmarks/roll_cpu.py [--steps 4] [--out DIR] [--check]
 
 Needs ``.venv-roll`` (``bash scripts/setup.sh --dev``) and a redis-server. Five real ROLL jobs (the
 CPU harness of ``tests/adapters/roll``: tiny model, fsdp2_train on gloo, hf_infer, greedy) are built
@@ -16,8 +16,10 @@ scenarios share the 2 cores:
 Figures, each a ratio from this one run:
 
 * overhead per step alone = wall time per step of ``o-a`` / ``u-a`` - 1, beside offload/reload
-  (ROLL's ``time/*/onload|offload|load`` metrics, which ROLL spends in both runs) reported
-  separately, and the ratio with offload/reload taken out of both (target <= 3 %);
+  (the seconds the driver spends in the clusters' ``offload_states`` / ``load_states``, which ROLL
+  spends in both runs) reported separately, and the ratio with offload/reload taken out of both
+  (target <= 3 %); with it the median step after the first (the driver's ``pipeline_step`` spans)
+  and the time the opted-in driver spent in permit calls (the adapter's own round trips);
 * makespan ratio = multiplexed makespan / sequential makespan (target < 1: multiplexing wins);
 * per-job slowdown = a job's wall time multiplexed / alone;
 * busy fraction per pool = time the pool's node held a permit / makespan (sequential and multiplexed).
@@ -28,6 +30,7 @@ No asserts by default; ``--check`` exits 1 below target. Wall-clock figures depe
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -43,7 +46,6 @@ from testbed import Job, Pools, build_assets, launch, phase_records, roll_unavai
 
 TARGET_OVERHEAD, TARGET_MAKESPAN = 0.03, 1.0
 LR = {"a": 1e-3, "b": 3e-3}
-LOAD_KEYS = ("/onload", "/offload", "/load")
 
 
 def _go(wd: Path, name: str) -> Path:
@@ -69,9 +71,19 @@ def _run(jobs: list[Job], go: Path, timeout_s: float) -> dict[str, dict[str, Any
 
 
 def offload_s(res: dict[str, Any]) -> float:
-    """Seconds ROLL reports for offloading / reloading model states in the run."""
-    return sum(float(v) for s in res["steps"] for k, v in s.items()
-               if k.startswith("time/") and k.endswith(LOAD_KEYS) and isinstance(v, (int, float)))
+    """Seconds the driver spent in the clusters' ``offload_states`` / ``load_states`` in the run."""
+    return float(sum(res["states_s"].values()))
+
+
+def step_s(res: dict[str, Any]) -> list[float]:
+    """Duration of each ``pipeline_step`` span, in step order."""
+    return [end - start for name, start, end in res["spans"] if name == "pipeline_step"]
+
+
+def permit_s(res: dict[str, Any]) -> tuple[float, int]:
+    """Seconds the driver waited in permit opens/closes, and how many it ran."""
+    log = res.get("permits") or []
+    return float(sum(row[3] for row in log)), len(log)
 
 
 def busy(records: list[dict[str, Any]], jobs: set[str], span: tuple[float, float]) -> dict[str, float]:
@@ -99,9 +111,9 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
         for sc in ("o-a", "o-b", "m"):
             (wd / f"pools-{sc}").mkdir(exist_ok=True)
             pools[sc] = Pools(wd / f"pools-{sc}").start()
-        jobs["u-a"] = launch("u-a", wd, steps=steps, lr=LR["a"], start_file=_go(wd, "u-a"))
+        jobs["u-a"] = launch("u-a", wd, steps=steps, lr=LR["a"], start_file=_go(wd, "u-a"), timing=True)
         for name, sc in scenario.items():
-            jobs[name] = launch(name, wd, steps=steps, lr=LR[name[-1]], start_file=_go(wd, sc),
+            jobs[name] = launch(name, wd, steps=steps, lr=LR[name[-1]], start_file=_go(wd, sc), timing=True,
                                 extra_env={**pools[sc].job_env(wd / f"events-{sc}.jsonl"), "ROLLMUX_JOB": name})
         t0 = time.monotonic()
         print(f"[roll_cpu] building {len(jobs)} ROLL jobs at once (a few minutes on 2 cores)", flush=True)
@@ -122,22 +134,38 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
     return {"res": res, "records": records}
 
 
+def _overhead(res: dict[str, Any], steps: int) -> tuple[list[str], float]:
+    """Lines on one job alone, unset vs opted in; returns them and the overhead besides offload/reload."""
+    u, o = res["u-a"], res["o-a"]
+    wall = {n: r["run_s"] / steps for n, r in (("u", u), ("o", o))}
+    load = {n: offload_s(r) / steps for n, r in (("u", u), ("o", o))}
+    over = wall["o"] / wall["u"] - 1
+    over_ex = (wall["o"] - load["o"]) / max(wall["u"] - load["u"], 1e-9) - 1
+    med = {n: statistics.median(step_s(r)[1:] or step_s(r)) for n, r in (("u", u), ("o", o))}
+    p_s, p_n = permit_s(o)
+    return [
+        f"alone, unset:     {wall['u']:6.2f} s/step (offload/reload {load['u']:.2f} s/step; median step after the "
+        f"first {med['u']:.2f} s)",
+        f"alone, opted in:  {wall['o']:6.2f} s/step (offload/reload {load['o']:.2f} s/step; median step after the "
+        f"first {med['o']:.2f} s)",
+        f"overhead per step: {over * 100:+.1f} % total, {over_ex * 100:+.1f} % besides offload/reload "
+        f"(target <= {TARGET_OVERHEAD * 100:.0f} %); median-step ratio {(med['o'] / med['u'] - 1) * 100:+.1f} %",
+        f"  of which permit calls (driver -> gate actor -> sidecar -> coordinator and back): {p_n / steps:.1f} per "
+        f"step, {p_s / steps * 1000:.0f} ms/step = {p_s / steps / wall['u'] * 100:.1f} % of the unset step",
+    ], over_ex
+
+
 def report(m: dict[str, Any], steps: int) -> tuple[list[str], bool]:
     res, recs = m["res"], m["records"]
     wall = {n: r["run_s"] for n, r in res.items()}
-    load = {n: offload_s(r) for n, r in res.items()}
-    over = wall["o-a"] / wall["u-a"] - 1
-    over_ex = (wall["o-a"] - load["o-a"]) / max(wall["u-a"] - load["u-a"], 1e-9) - 1
+    over_lines, over_ex = _overhead(res, steps)
     seq = (min(res["o-a"]["t_run"], res["o-b"]["t_run"]), max(res["o-a"]["t_done"], res["o-b"]["t_done"]))
     seq_makespan = wall["o-a"] + wall["o-b"]
     mux = (min(res["m-a"]["t_run"], res["m-b"]["t_run"]), max(res["m-a"]["t_done"], res["m-b"]["t_done"]))
     ratio = (mux[1] - mux[0]) / seq_makespan
     lines = [
         f"steps per job: {steps}",
-        f"alone, unset:     {wall['u-a'] / steps:7.2f} s/step (offload/reload {load['u-a'] / steps:.2f} s/step)",
-        f"alone, opted in:  {wall['o-a'] / steps:7.2f} s/step (offload/reload {load['o-a'] / steps:.2f} s/step)",
-        f"overhead per step: {over * 100:+.1f} % total, {over_ex * 100:+.1f} % besides offload/reload "
-        f"(target <= {TARGET_OVERHEAD * 100:.0f} %)",
+        *over_lines,
         f"sequential makespan (o-a then o-b): {seq_makespan:7.2f} s",
         f"multiplexed makespan (m-a + m-b):   {mux[1] - mux[0]:7.2f} s   ratio {ratio:.3f} "
         f"(target < {TARGET_MAKESPAN:.1f})",
@@ -152,7 +180,7 @@ def report(m: dict[str, Any], steps: int) -> tuple[list[str], bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=3, help="pipeline steps per job (default 3)")
+    ap.add_argument("--steps", type=int, default=4, help="pipeline steps per job (default 4)")
     ap.add_argument("--out", default=None, help="folder for the jobs' logs and phase records (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for any build or run (default 900)")
     ap.add_argument("--check", action="store_true", help="exit 1 below the targets")

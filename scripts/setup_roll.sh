@@ -7,7 +7,7 @@
 # ROLL is not on the package index and needs numpy<2 / transformers 4.57 / ray 2.48, so it lives in
 # its own virtualenv. Its source comes from ROLLMUX_ROLL_SRC, else the first `shared/thirdparty/ROLL`
 # found in a parent of the repository (in CI: ../shared/thirdparty/ROLL). That folder may be
-# read-only, so it is copied to a temporary directory and installed non-editable with --no-deps.
+# read-only, so it is copied into the venv (.venv-roll/src/ROLL) and installed editable with --no-deps.
 # The dependency set is the one the CPU harness report found sufficient (no vllm, no megatron).
 # Idempotent: a venv whose stamp matches this script's inputs is left alone (about a second).
 set -euo pipefail
@@ -41,7 +41,7 @@ DEPS=(
   "gymnasium[toy-text]" uvicorn fastapi
 )
 stamp_of() {
-  { printf '%s\n' "${DEPS[@]}"; cat "$ROLL_SRC/setup.py" pyproject.toml;
+  { printf '%s\n' "${DEPS[@]}" "roll: editable copy"; cat "$ROLL_SRC/setup.py" pyproject.toml;
     cat "$ROLL_SRC/SOURCE.md" 2>/dev/null || true; } | sha256sum | cut -c1-16
 }
 STAMP="$(stamp_of)"
@@ -59,14 +59,19 @@ if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
 fi
 echo "[setup_roll] installing the ROLL dependency set (about a minute)"
 "${pip[@]}" "${DEPS[@]}"
-echo "[setup_roll] installing ROLL from $ROLL_SRC (copied, --no-deps)"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-cp -r "$ROLL_SRC/." "$tmp/ROLL"
-chmod -R u+w "$tmp/ROLL"
-"${pip[@]}" --no-deps "$tmp/ROLL"
+# Editable, from a copy kept in the venv: ROLL's setup.py uses find_packages, which leaves out package
+# folders without an __init__.py (roll/pipeline/agentic/proxy at 8eb27cc2, which AgenticPipeline's
+# environment worker imports), so a non-editable install cannot run the agentic pipeline.
+echo "[setup_roll] installing ROLL from $ROLL_SRC (copied to $VENV/src/ROLL, editable, --no-deps)"
+rm -rf "$VENV/src/ROLL"
+mkdir -p "$VENV/src"
+cp -r "$ROLL_SRC/." "$VENV/src/ROLL"
+chmod -R u+w "$VENV/src/ROLL"
+"${pip[@]}" --no-deps -e "$VENV/src/ROLL"
 echo "[setup_roll] installing rollmux (editable) into $VENV"
 "${pip[@]}" -e .
-"$VENV/bin/python" -c 'import roll, rollmux' || { echo "[setup_roll] import check failed" >&2; exit 1; }
+# (from the venv folder: importing ROLL's agentic modules creates ./output/logs)
+(cd "$VENV" && bin/python -c 'import roll, rollmux, roll.pipeline.agentic.proxy.router') \
+  || { echo "[setup_roll] import check failed" >&2; exit 1; }
 echo "$STAMP" > "$VENV/.rollmux-stamp"
 echo "[setup_roll] done"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from rollmux.adapters.common.api import PatchTarget
 from rollmux.adapters.common.patching import Patcher
 from rollmux.adapters.roll import driver, workers
+from rollmux.adapters.roll.driver import permit_log
 
 SUPPORTED_COMMITS = ("8eb27cc2",)
 """alibaba/ROLL commits this adapter was tested against (span names and method names are pinned)."""
@@ -44,6 +45,10 @@ TARGETS = (
 
 PATCHER = Patcher(adapter="roll", distribution="roll", supported=SUPPORTED_VERSIONS, targets=TARGETS,
                   remedy=driver.REMEDY)
+
+
+__all__ = ["PATCHER", "SUPPORTED_COMMITS", "SUPPORTED_VERSIONS", "TARGETS", "applied", "patch", "permit_log",
+           "unpatch"]
 
 
 def patch() -> bool:

@@ -43,6 +43,8 @@ class Session:
     identity: JobIdentity
     gates: Gates | None = None
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
+    gate_log: list[tuple[str, str, int, float]] = field(default_factory=list)
+    """Every permit open/close the driver ran: (action, phase, iteration, seconds waited)."""
 
     def begin(self, span: str, attributes: Any) -> None:
         step = attributes.get("global_step") if span == STEP_SPAN and isinstance(attributes, dict) else None
@@ -57,11 +59,21 @@ class Session:
         finally:
             if self.gates is not None:
                 gates, self.gates = self.gates, None
+                self.gate_log = gates.log
                 gates.shutdown(job_done=job_done)
 
     def _run(self, steps: list[Any]) -> None:
         if steps and self.gates is not None:
             self.gates.run(steps)
+
+
+def permit_log(pipeline: Any) -> list[tuple[str, str, int, float]] | None:
+    """The permit opens/closes an opted-in pipeline's driver ran, with the seconds each took
+    (the gate round trip, plus any wait for another job's phase); None when not opted in."""
+    session: Session | None = getattr(pipeline, _SESSION_ATTR, None)
+    if session is None:
+        return None
+    return list(session.gates.log if session.gates is not None else session.gate_log)
 
 
 # ------------------------------------------------------------------------------------------ Ray
@@ -103,11 +115,19 @@ def wrap_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
 # ------------------------------------------------------------------------------------- pipeline
 
 
+def _partial_gpu(cfg: Any) -> bool:
+    """Whether AgenticPipeline would run partial-GPU mode: its ``partial_gpu_mode`` flag (default True)
+    only derives it, and it is on when actor_train's devices are a proper subset of actor_infer's."""
+    train = set(getattr(getattr(cfg, "actor_train", None), "device_mapping", None) or [])
+    infer = set(getattr(getattr(cfg, "actor_infer", None), "device_mapping", None) or [])
+    return bool(train) and train < infer
+
+
 def _check_config(cfg: Any) -> None:
     if getattr(cfg, "async_pipeline", False) or float(getattr(cfg, "async_generation_ratio", 0) or 0) > 0:
         raise AdapterError("RollMux ROLL adapter: async_generation_ratio > 0 overlaps rollout with training, "
                            "which phase multiplexing cannot gate; set async_generation_ratio: 0 or " + REMEDY)
-    if getattr(cfg, "partial_gpu_mode", False):
+    if getattr(cfg, "partial_gpu_mode", False) and _partial_gpu(cfg):
         raise AdapterError("RollMux ROLL adapter: partial_gpu_mode shrinks and expands actor_infer inside a "
                            "step, which the adapter does not gate yet; disable it or " + REMEDY)
 

@@ -14,6 +14,7 @@ rollout scheduler actor can report progress to the rollout gate.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from rollmux.adapters.roll.phases import Action, Step
@@ -65,18 +66,20 @@ class Gates:
     """The driver's handles on the job's gate actors; runs a tracker's steps in order."""
 
     actors: dict[str, Any]
-    log: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
+    log: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
+    """(action, phase, iteration, seconds the driver waited for the gate) of every step run."""
 
     def run(self, steps: list[Step]) -> None:
         import ray
 
         for s in steps:
             gate = self.actors[phase_pool(s.phase)]
+            t0 = time.perf_counter()
             if s.action is Action.OPEN:
                 ray.get(gate.enter.remote(s.phase, s.iteration))
             else:
                 ray.get(gate.exit.remote())
-            self.log.append((s.action.value, s.phase, s.iteration))
+            self.log.append((s.action.value, s.phase, s.iteration, time.perf_counter() - t0))
 
     def shutdown(self, *, job_done: bool) -> None:
         import ray

@@ -13,7 +13,8 @@ weights trained in step i-1 first, so its ``model_update`` is Sync(i-1), and the
 
 * Sync(i-1) spans ``model_update``;
 * Rollout(i) starts when ``model_update`` ends, so ``actor_infer.load_states`` (and validation) run
-  under it, and ends with the ``generate`` / ``rollout`` span (which offloads actor_infer);
+  under it, and ends once actor_infer is offloaded: with the ``generate`` span (RLVR, which offloads
+  inside it), or when the first train span opens (Agentic offloads after its ``rollout`` span);
 * Train(i) starts with the first log-prob span and stays open through ``train``, the checkpoint and
   the next step's ``actor_train.offload_states``, until the next ``model_update`` (Sync(i)).
 
@@ -37,6 +38,11 @@ SPAN_PHASES: dict[str, str] = {
     "cal_old_log_probs_values": "train",  # AgenticPipeline
 }
 """Span name -> the RollMux phase it belongs to. Other spans do not move the phase."""
+
+ROLLOUT_CLOSING_SPANS = frozenset({"generate"})
+"""Spans whose end releases the rollout permit. ``RLVRPipeline``'s ``generate`` offloads actor_infer
+inside the span; ``AgenticPipeline`` offloads it after its ``rollout`` span, so there the rollout
+permit is held until the first train span opens."""
 
 STEP_SPAN = "pipeline_step"
 """The span around one whole step; its ``global_step`` attribute numbers the step."""
@@ -103,7 +109,7 @@ class PhaseTracker:
         it = self._step - (self._first or 0)
         if phase == "sync":  # the rollout's first work (loading actor_infer) follows at once
             return self._close() + self._goto("rollout", it)
-        if phase == "rollout":
+        if span in ROLLOUT_CLOSING_SPANS:
             return self._close()
         return []
 

@@ -45,6 +45,18 @@ def test_agentic_span_names_map_to_the_same_phases_and_a_resumed_run_counts_from
     assert _run(PhaseTracker(), step * 2, first_step=7) == _run(PhaseTracker(), RLVR_STEP * 2)
 
 
+def test_agentic_rollout_permit_is_held_past_its_span_until_actor_infer_is_offloaded() -> None:
+    t = PhaseTracker()
+    t.begin("pipeline_step", 0)
+    t.begin("model_update")
+    t.end("model_update")
+    t.begin("rollout")
+    assert t.end("rollout") == []  # AgenticPipeline offloads actor_infer after this span
+    assert t.open_phase == ("rollout", 0)
+    assert t.begin("cal_ref_log_probs") == [Step(action=Action.CLOSE, phase="rollout", iteration=0),
+                                            Step(action=Action.OPEN, phase="train", iteration=0)]
+
+
 def test_a_step_without_train_still_passes_train_in_order() -> None:
     skipped = [e for e in RLVR_STEP if e[1] not in ("ref_log_probs", "old_log_probs_and_values", "train")]
     got = _run(PhaseTracker(), RLVR_STEP + skipped + RLVR_STEP)

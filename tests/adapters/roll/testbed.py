@@ -170,9 +170,10 @@ def build_assets(workdir: Path) -> Path:
 
 
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
-           extra_env: dict[str, str] | None = None, start_file: Path | None = None) -> Job:
+           extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False) -> Job:
     """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
-    with `start_file`, the job waits once built until :func:`start_together` creates that file."""
+    with `start_file`, the job waits once built until :func:`start_together` creates that file; with
+    `timing`, its result also holds spans, offload/load seconds and permit calls (``harness/timing.py``)."""
     jobdir = workdir / name
     jobdir.mkdir(parents=True, exist_ok=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
@@ -187,6 +188,8 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
            str(jobdir), "--out", str(out), "--steps", str(steps), "--name", name, "--lr", str(lr)]
     if start_file is not None:
         cmd += ["--start-file", str(start_file)]
+    if timing:
+        cmd.append("--timing")
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=jobdir, env=e, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(name=name, proc=proc, out=out, log=log)

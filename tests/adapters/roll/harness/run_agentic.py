@@ -1,18 +1,17 @@
 """Run the real ROLL ``AgenticPipeline.run()`` (FrozenLake, one env) for a few steps on CPU.
 
-    PYTHONPATH=<this folder> .venv-roll/bin/python run_agentic.py --assets DIR --workdir DIR --out OUT.json
+    PYTHONPATH=<this folder> .venv-roll/bin/python run_agentic.py --assets DIR --workdir DIR --out OUT.json [--steps 2]
 
 Same tiny model and stand-ins as ``run_rlvr.py``. Actions come from ROLL's "random" LLM proxy (the
 hf_infer worker has no request path); actor_infer is still built, offloaded, reloaded and updated
-every step, and actor_train and the reference run for real.
+every step, and actor_train runs for real. No reference model (KL coefficient 0), as in ``run_rlvr.py``:
+one process fewer per job. Same command line as ``run_rlvr.py`` (``--start-file`` included).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ def agentic_config(assets: Path, out: Path, steps: int, name: str, lr: float) ->
         "checkpoint_config": {"type": "file_system", "output_dir": str(out / "ckpt")},
         "max_steps": steps, "save_steps": 10_000, "logging_steps": 1, "eval_steps": 10_000,
         "rollout_batch_size": 1, "val_batch_size": 1, "sequence_length": 2048, "reward_clip": 20,
-        "advantage_clip": 10.0, "ppo_epochs": 1, "adv_estimator": "reinforce", "init_kl_coef": 0.1,
+        "advantage_clip": 10.0, "ppo_epochs": 1, "adv_estimator": "reinforce", "init_kl_coef": 0.0,
         "whiten_advantages": False, "entropy_loss_coef": 0.01, "pretrain": model, "reward_pretrain": model,
         "num_gpus_per_node": 1, "model_update_buffer_size_mb": 16,
         "actor_train": cluster(training_args={"learning_rate": lr, "weight_decay": 0, "per_device_train_batch_size": 1,
@@ -63,38 +62,31 @@ def agentic_config(assets: Path, out: Path, steps: int, name: str, lr: float) ->
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--assets", required=True)
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--name", default="agentic")
-    p.add_argument("--lr", type=float, default=1e-3)
-    args = p.parse_args()
-    sys.path.insert(0, str(HERE))
-    import assets
+def build(args: argparse.Namespace) -> Any:
     import dacite
     from roll.pipeline.agentic.agentic_config import AgenticConfig
-    from run_rlvr import start_ray, worker_patches
 
-    assets.build(Path(args.assets))
     cfg = dacite.from_dict(AgenticConfig, agentic_config(Path(args.assets), Path(args.workdir), args.steps, args.name,
                                                          args.lr))
     cfg.actor_infer.strategy_args.strategy_name = "hf_infer"
     cfg.actor_infer.worker_cls = "cpu_patches.CpuInferWorker"
-    t0 = time.time()
-    start_ray()
+    return cfg
+
+
+def _agentic_pipeline() -> type:
     from roll.pipeline.agentic.agentic_pipeline import AgenticPipeline
 
-    pipeline = AgenticPipeline(pipeline_config=cfg)
-    t_built = time.time()
-    pipeline.run()
-    t_done = time.time()
-    Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
-                                          "run_s": t_done - t_built, "workers": worker_patches(pipeline)},
-                                         default=float))
-    return 0
+    return AgenticPipeline
+
+
+def main() -> int:
+    sys.path.insert(0, str(HERE))
+    import assets
+    from run_rlvr import parser, run_pipeline
+
+    args = parser(__doc__, "agentic").parse_args()
+    assets.build(Path(args.assets))
+    return run_pipeline(args, build(args), _agentic_pipeline)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,10 @@ def worker_patches(pipeline: object) -> dict[str, object]:
             refs[f"{cluster.cluster_name}/{rank}"] = worker.__ray_call__.remote(_probe)
     for domain, sched in (getattr(pipeline, "generate_schedulers", None) or {}).items():
         refs[f"scheduler/{domain}"] = sched.__ray_call__.remote(_probe)
+    for attr in ("train_rollout_scheduler", "val_rollout_scheduler"):  # AgenticPipeline
+        sched = getattr(pipeline, attr, None)
+        if sched is not None:
+            refs[f"scheduler/{attr}"] = sched.__ray_call__.remote(_probe)
     out: dict[str, object] = {}
     for k, ref in refs.items():
         try:
@@ -127,37 +132,61 @@ def wait_for_start(out: Path, start: Path, timeout_s: float = 900.0) -> None:
         time.sleep(0.05)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str | None, name: str) -> argparse.ArgumentParser:
+    """The command line both harness scripts take."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--assets", required=True, help="folder made by assets.py (built there when missing)")
     p.add_argument("--workdir", required=True, help="folder for ROLL's output, logs and checkpoints")
     p.add_argument("--out", required=True, help="JSON file for the per-step metrics")
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--name", default="rlvr")
+    p.add_argument("--name", default=name)
     p.add_argument("--lr", type=float, default=1e-3, help="actor learning rate (tells two jobs apart)")
     p.add_argument("--start-file", help="once built, write OUT.built and wait for this file before run() "
                    "(lets a test start several jobs' first phases together)")
-    args = p.parse_args()
+    p.add_argument("--timing", action="store_true", help="also record the driver's spans, the seconds spent in "
+                   "offload_states / load_states and (opted in) in permit calls (timing.py)")
+    return p
+
+
+def run_pipeline(args: argparse.Namespace, cfg: Any, pipeline_cls: Callable[[], type]) -> int:
+    """Build the pipeline (after starting Ray), optionally wait for the start file, run it, write OUT."""
+    t0 = time.time()
+    start_ray()
+    pipeline = pipeline_cls()(pipeline_config=cfg)
+    t_built = time.time()
+    if args.start_file:
+        wait_for_start(Path(args.out), Path(args.start_file))
+    timing: dict[str, Any] = {}
+    if args.timing:
+        import timing as probes
+
+        spans, states = probes.SpanRecorder(), probes.time_states(pipeline)
+    t_run = time.time()
+    pipeline.run()
+    t_done = time.time()
+    if args.timing:
+        adapter = sys.modules.get("rollmux.adapters.roll")
+        timing = {"spans": spans.rows(), "states_s": states,
+                  "permits": adapter.permit_log(pipeline) if adapter is not None else None}
+    Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
+                                          "run_s": t_done - t_run, "t_run": t_run, "t_done": t_done,
+                                          "workers": worker_patches(pipeline), **timing}, default=float))
+    return 0
+
+
+def _rlvr_pipeline() -> type:
+    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
+
+    return RLVRPipeline
+
+
+def main() -> int:
+    args = parser(__doc__, "rlvr").parse_args()
     sys.path.insert(0, str(HERE))
     import assets
 
     assets.build(Path(args.assets))
-    cfg = build(args)
-    t0 = time.time()
-    start_ray()
-    from roll.pipeline.rlvr.rlvr_pipeline import RLVRPipeline
-
-    pipeline = RLVRPipeline(pipeline_config=cfg)
-    t_built = time.time()
-    if args.start_file:
-        wait_for_start(Path(args.out), Path(args.start_file))
-    t_run = time.time()
-    pipeline.run()
-    t_done = time.time()
-    Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
-                                          "run_s": t_done - t_run, "t_run": t_run, "t_done": t_done,
-                                          "workers": worker_patches(pipeline)}, default=float))
-    return 0
+    return run_pipeline(args, build(args), _rlvr_pipeline)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,22 @@
-"""The real ROLL ``RLVRPipeline.run()``, 2 steps each, solo and multiplexed through real RollMux services.
+"""The real ROLL ``RLVRPipeline.run()`` and ``AgenticPipeline.run()``, 2 steps each, solo and multiplexed
+through real RollMux services.
 
-One module-scoped run feeds every case (a ROLL job takes ~1.5 min to build on 2 cores):
+One module-scoped run feeds every case (a ROLL job takes minutes to build when several build at once
+on 2 cores). Variable unset (solo):
 
-* three solo jobs, variable unset: ``solo-a`` and ``solo-a2`` (the same job twice, greedy decoding)
-  and ``solo-b`` (another learning rate);
-* three opted-in jobs on one rollout node and one training node (redis-server, coordinator, two
-  sidecars): ``mux-a`` and ``mux-b`` (the same jobs as the solo ones) and ``mux-k``, which the test
-  SIGKILLs (driver and its whole Ray instance) while it holds a permit.
+* ``solo-a`` and ``solo-a2``: the same RLVR job twice (greedy decoding); ``solo-b``: another learning rate;
+* ``solo-g``: an agentic job (FrozenLake; ROLL's random LLM proxy, as hf_infer has no request path).
+  Its per-step metrics are not compared with ``mux-g``: two solo runs of it do not agree (the env
+  manager plays episodes continuously and the proxy draws from the process's ``random``, so which
+  action lands in a batch depends on timing; seen: ``env/response_length`` 2 vs 4 at step 0).
 
-The opted-in jobs start their first phases together (the harness waits on a start file once built).
+Opted in, on one rollout node and one training node (redis-server, coordinator, two sidecars):
+``mux-a``, ``mux-b`` and ``mux-g`` (the same jobs as the solo ones) and ``mux-k`` (RLVR), which the
+test SIGKILLs (driver and its whole Ray instance) while it holds a permit. The opted-in jobs start
+their first phases together (the harness waits on a start file once built).
+
+The solo jobs run first and the opted-in ones start once they are done, so at most four ROLL jobs
+(~2 GB each) are alive at a time.
 """
 
 from __future__ import annotations
@@ -37,13 +45,20 @@ from .testbed import (
 _reason = roll_unavailable()
 if _reason:
     print(f"ROLL pipeline tests skipped: {_reason}")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200),
               pytest.mark.skipif(_reason is not None, reason=str(_reason))]
 
-LR = {"a": 1e-3, "b": 3e-3, "k": 2e-3}
+LR = {"a": 1e-3, "b": 3e-3, "k": 2e-3, "g": 1e-3}
+KIND = {"g": "agentic"}
 LEASE_TTL_S = 5.0
 ORDER = [("rollout", 0), ("train", 0), ("sync", 0), ("rollout", 1), ("train", 1)]
 """A 2-step job's phases: the last step's weight push belongs to a step that never runs."""
+SLO = "10"
+"""The largest accepted (10), so that the coordinator puts all four opted-in jobs in one group: its profiler sizes the
+agentic job's rollout by ``sequence_length`` (2048 tokens, vs 8 for RLVR), and with the usual 3.0 it
+placed that job in a group of its own, whose turn came only after the RLVR jobs finished."""
+SOLO = ("solo-a", "solo-a2", "solo-b", "solo-g")
+MUX = ("mux-a", "mux-b", "mux-g", "mux-k")
 
 
 @dataclass
@@ -83,31 +98,36 @@ def _killer(pools: Pools, job: Job, kill: Kill, stop: threading.Event) -> None:
         client.close()
 
 
+def _launch(name: str, wd: Any, **kw: Any) -> Job:
+    key = name.split("-")[1][0]
+    return launch(name, wd, kind=KIND.get(key, "rlvr"), lr=LR[key], **kw)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     wd = tmp_path_factory.mktemp("roll")
     build_assets(wd)
     pools = Pools(wd, lease_ttl_s=LEASE_TTL_S).start()
     events, go = wd / "events.jsonl", wd / "go"
-    solo: dict[str, Job] = {}
-    mux: dict[str, Job] = {}
+    jobs: dict[str, Job] = {}
     try:
-        solo.update({n: launch(n, wd, lr=LR[n[5]]) for n in ("solo-a", "solo-a2", "solo-b")})
-        mux.update({n: launch(n, wd, lr=LR[n[4]], start_file=go, extra_env={**pools.job_env(events), "ROLLMUX_JOB": n})
-                    for n in ("mux-a", "mux-b", "mux-k")})
+        jobs.update({n: _launch(n, wd) for n in SOLO})
+        results: dict[str, Any] = {n: jobs[n].wait(timeout_s=600) for n in SOLO}
+        jobs.update({n: _launch(n, wd, start_file=go, extra_env={**pools.job_env(events), "ROLLMUX_JOB": n,
+                                                               "ROLLMUX_SLO": SLO}) for n in MUX})
         kill, stop = Kill(job="mux-k"), threading.Event()
-        start_together(list(mux.values()), go)
-        killer = threading.Thread(target=_killer, args=(pools, mux["mux-k"], kill, stop), daemon=True)
+        start_together([jobs[n] for n in MUX], go)
+        killer = threading.Thread(target=_killer, args=(pools, jobs["mux-k"], kill, stop), daemon=True)
         killer.start()
-        results = {n: j.wait(timeout_s=600) for n, j in {**solo, **mux}.items()}
+        results.update({n: jobs[n].wait(timeout_s=600) for n in MUX})
         stop.set()
         killer.join(10)
         results["kill"] = kill
-        results["leftovers"] = {n: j.leftovers() for n, j in {**solo, **mux}.items()}
+        results["leftovers"] = {n: j.leftovers() for n, j in jobs.items()}
         results["records"] = phase_records(events)
         yield results
     finally:
-        for j in [*solo.values(), *mux.values()]:
+        for j in jobs.values():
             j.kill()
         pools.stop()
 
@@ -126,15 +146,27 @@ def test_two_solo_runs_of_one_job_agree_and_train(runs: dict[str, Any]) -> None:
     assert metric_mismatches(a, b, rel=1e-9, abs_tol=0.0) != []  # another learning rate: the comparison can fail
 
 
+def test_agentic_jobs_train_solo_and_multiplexed(runs: dict[str, Any]) -> None:
+    for name in ("solo-g", "mux-g"):
+        steps = _ok(runs[name])
+        assert "actor/pg_loss@sum" in steps[0] and "actor_train/grad_norm" in steps[0], sorted(steps[0])
+        assert any(k.startswith("env/FrozenLake/") for k in steps[0]), sorted(steps[0])  # a real env rollout
+
+
 def test_unset_variable_patches_no_ray_worker(runs: dict[str, Any]) -> None:
     for name in ("solo-a", "solo-a2", "solo-b"):
         workers = runs[name]["workers"]
         assert {"actor_train/0", "actor_infer/0", "scheduler/math_rule"} <= workers.keys()
         assert any(k.startswith("reward") for k in workers), workers
-        assert all(not w.get("loaded") and not w.get("applied") for w in workers.values()), workers
+    for name in ("solo-g",):
+        assert {"actor_train/0", "actor_infer/0", "scheduler/train_rollout_scheduler"} <= runs[name]["workers"].keys()
+    for name in SOLO:
+        workers = runs[name]["workers"]
+        assert all(not w.get("loaded") and not w.get("applied") for w in workers.values()), (name, workers)
     # the probe sees patches where there are some: the opted-in jobs' workers hold the worker-side hooks
     sched = runs["mux-a"]["workers"]["scheduler/math_rule"]
     assert sched["loaded"] and any("generate_scheduler" in t for t in sched["applied"]), sched
+    assert runs["mux-g"]["workers"]["actor_train/0"]["loaded"], runs["mux-g"]["workers"]
 
 
 def test_multiplexed_jobs_equal_their_solo_runs(runs: dict[str, Any]) -> None:
@@ -142,18 +174,22 @@ def test_multiplexed_jobs_equal_their_solo_runs(runs: dict[str, Any]) -> None:
     assert metric_mismatches(_ok(runs["solo-b"]), _ok(runs["mux-b"])) == []
 
 
+def _interleaved(x: list[dict[str, Any]], y: list[dict[str, Any]]) -> bool:
+    """Whether a phase of one job started while the other job was between its first and last phase."""
+    return any(x[0]["t_start"] < r["t_start"] < x[-1]["t_end"] for r in y) or \
+        any(y[0]["t_start"] < r["t_start"] < y[-1]["t_end"] for r in x)
+
+
 def test_phases_interleave_one_job_per_node_in_on_policy_order(runs: dict[str, Any]) -> None:
-    recs = [r for r in runs["records"] if r["job"] in ("mux-a", "mux-b")]
     assert overlaps_on_a_node(runs["records"]) == []
-    for job in ("mux-a", "mux-b"):
-        mine = [r for r in recs if r["job"] == job]
-        assert [(r["phase"], r["iteration"]) for r in mine] == ORDER, mine
-        pools = {r["phase"]: r["node"] for r in mine}
-        assert pools["rollout"] == "r0" and pools["train"] == pools["sync"] == "t0"
-    a = [r for r in recs if r["job"] == "mux-a"]
-    b = [r for r in recs if r["job"] == "mux-b"]
-    assert any(a[0]["t_start"] < r["t_start"] < a[-1]["t_end"] for r in b) or \
-        any(b[0]["t_start"] < r["t_start"] < b[-1]["t_end"] for r in a), "the two jobs ran one after the other"
+    mine = {job: [r for r in runs["records"] if r["job"] == job] for job in ("mux-a", "mux-b", "mux-g")}
+    for job, recs in mine.items():
+        assert [(r["phase"], r["iteration"]) for r in recs] == ORDER, (job, recs)
+        pools = {r["phase"]: r["node"] for r in recs}
+        assert pools["rollout"] == "r0" and pools["train"] == pools["sync"] == "t0", (job, pools)
+    assert _interleaved(mine["mux-a"], mine["mux-b"]), "the two RLVR jobs ran one after the other"
+    assert _interleaved(mine["mux-g"], mine["mux-a"]) or _interleaved(mine["mux-g"], mine["mux-b"]), \
+        "the agentic job ran apart from both RLVR jobs"
 
 
 def test_sigkill_mid_phase_frees_the_nodes_within_the_lease_ttl(runs: dict[str, Any]) -> None:
@@ -164,4 +200,5 @@ def test_sigkill_mid_phase_frees_the_nodes_within_the_lease_ttl(runs: dict[str, 
     assert kill.t_freed is not None and kill.t_freed - kill.t_kill <= LEASE_TTL_S + 1.0, \
         f"{kill.held} still held {None if kill.t_freed is None else kill.t_freed - kill.t_kill:.1f} s after SIGKILL"
     assert runs["leftovers"]["mux-k"] == [], "processes of the killed job survived"
-    _ok(runs["mux-a"]), _ok(runs["mux-b"])
+    for n in ("mux-a", "mux-b", "mux-g"):
+        _ok(runs[n])

@@ -1,0 +1,63 @@
+"""Timing probes of the CPU harness (the same in unset and opted-in runs; for ``benchmarks/roll_cpu.py``).
+
+* :class:`SpanRecorder`: an OpenTelemetry tracer provider that keeps the driver's spans (ROLL's
+  ``get_tracer`` uses the global provider), so each ``pipeline_step`` / phase span has a duration;
+* :func:`time_states`: wraps the pipeline's clusters' ``offload_states`` / ``load_states`` (bound per
+  instance by ROLL's ``Cluster``) to add up the seconds the driver spends moving model states.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+CLUSTERS = ("actor_train", "actor_infer", "reference", "critic", "reward")
+
+
+class SpanRecorder:
+    """Install once before ``run()``; :meth:`rows` gives ``[name, start_s, end_s]`` of every span ended."""
+
+    def __init__(self) -> None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+        rows: list[list[Any]] = []
+
+        class _Keep(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                rows.extend([s.name, s.start_time / 1e9, s.end_time / 1e9] for s in spans)
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_Keep()))
+        trace.set_tracer_provider(provider)
+        self._rows = rows
+
+    def rows(self) -> list[list[Any]]:
+        return sorted(self._rows, key=lambda r: r[1])
+
+
+def _timed(fn: Callable[..., Any], key: str, totals: dict[str, float]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
+
+    return call
+
+
+def time_states(pipeline: Any) -> dict[str, float]:
+    """Wrap every cluster's ``offload_states`` / ``load_states``; returns the live totals (seconds)."""
+    totals: dict[str, float] = {}
+    clusters = [getattr(pipeline, n, None) for n in CLUSTERS]
+    clusters += list((getattr(pipeline, "rewards", None) or {}).values())
+    for cluster in clusters:
+        for method in ("offload_states", "load_states"):
+            fn = getattr(cluster, method, None) if cluster is not None else None
+            if fn is not None:
+                setattr(cluster, method, _timed(fn, method, totals))
+    return totals
