@@ -54,6 +54,9 @@ class Run:
     step_s: float  # mean timing_s/step over the measured steps
     offload_s: float = 0.0  # mean adapter-measured offload per step
     reload_s: float = 0.0  # mean adapter-measured reload per step
+    permit_s: float = 0.0  # mean time per step in the phase gates (acquire + release, adapter-measured)
+    gates: tuple[tuple[str, float, float], ...] = ()  # (phase, mean acquire s, mean release s) per phase
+    timings: tuple[tuple[str, float], ...] = ()  # veRL's timing_s/* means over the measured steps
 
 
 def _harness() -> tuple[Any, Any, Any]:
@@ -67,13 +70,14 @@ def _harness() -> tuple[Any, Any, Any]:
     return assets, job, scenario
 
 
-def mean_step(step_metrics: dict[int, dict[str, float]]) -> float:
-    """Mean ``timing_s/step`` over the steps after the first (the only one if there is one)."""
+def mean_timings(step_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
+    """Mean of each ``timing_s/*`` over the steps after the first (the only one if there is one)."""
     steps = sorted(step_metrics)
     if not steps:
         raise SystemExit("veRL printed no step metrics: see the job.log named above")
-    used = steps[1:] or steps
-    return statistics.fmean(step_metrics[s]["timing_s/step"] for s in used)
+    used = [step_metrics[s] for s in steps[1:] or steps]
+    keys = [k for k in used[0] if k.startswith("timing_s/") and all(k in m for m in used)]
+    return {k.removeprefix("timing_s/"): statistics.fmean(m[k] for m in used) for k in keys}
 
 
 def state_bytes(model_dir: Path) -> int:
@@ -99,10 +103,17 @@ def collect(fin: Any, job_mod: Any, events: list[dict[str, Any]]) -> Run:
     mine = [r for r in events if r.get("kind") == "adapter" and r.get("job") == fin.job.name]
     steps = max(len(job_mod.step_metrics(log)), 1)
     moved = {e: sum(r["seconds"] for r in mine if r.get("event") == e) / steps for e in ("offload", "reload")}
-    run = Run(name=fin.job.name, rc=fin.rc, wall_s=fin.wall_s, step_s=mean_step(job_mod.step_metrics(log)),
-              offload_s=moved["offload"], reload_s=moved["reload"])
+    bounds = [r for r in mine if r.get("event") == "boundary"]
+    gates = tuple((p, statistics.fmean(r["acquire_s"] for r in b), statistics.fmean(r["release_s"] for r in b))
+                  for p in ("rollout", "train", "sync") if (b := [r for r in bounds if r["phase"] == p]))
+    timings = mean_timings(job_mod.step_metrics(log))
+    run = Run(name=fin.job.name, rc=fin.rc, wall_s=fin.wall_s, step_s=timings["step"],
+              timings=tuple(timings.items()), offload_s=moved["offload"], reload_s=moved["reload"], gates=gates,
+              permit_s=sum(r["acquire_s"] + r["release_s"] for r in bounds) / steps)
+    gate_ms = ", ".join(f"{p} {a * 1e3:.1f}+{r * 1e3:.1f}" for p, a, r in gates)
     print(f"  {run.name}: rc 0, wall {run.wall_s:.1f} s, step {run.step_s:.3f} s, offload "
-          f"{run.offload_s * 1e3:.1f} ms, reload {run.reload_s * 1e3:.1f} ms per step", flush=True)
+          f"{run.offload_s * 1e3:.1f} ms, reload {run.reload_s * 1e3:.1f} ms, gates {run.permit_s * 1e3:.1f} ms "
+          f"per step{' (acquire+release ms: ' + gate_ms + ')' if gates else ''}", flush=True)
     return run
 
 
@@ -189,6 +200,11 @@ def report_all(args: argparse.Namespace, out: Path, model: Path, records: list[d
     print(row("A opted in alone: step (vs A unset)", alone.step_s, solo_a.step_s, "s"))
     print(row("  step - offload - reload (vs A unset)", alone.step_s - moved, solo_a.step_s, "s",
               f"overhead {overhead:+.1%} (<= {TARGET_OVERHEAD:.0%})"))
+    print(row("  of which phase gates (permit path)", alone.permit_s, solo_a.step_s, "s",
+              "acquire+release, nodes free"))
+    base = dict(solo_a.timings)
+    print("  veRL timing_s deltas, opted in alone - unset (ms): " + ", ".join(
+        f"{k} {(v - base[k]) * 1e3:+.0f}" for k, v in alone.timings if k in base and k != "step"))
     print(row("  offload per step", alone.offload_s, None, "s", f"{gbps['offload']:.3f} GB/s"))
     print(row("  reload per step", alone.reload_s, None, "s", f"{gbps['reload']:.3f} GB/s"))
     print(row("A+B makespan: multiplexed (vs sequential)", muxed, sequential, "s", f"< {TARGET_MAKESPAN:g}x"))

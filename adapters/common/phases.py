@@ -49,7 +49,18 @@ class PhaseRecord:
     iteration: int  # the job iteration it belongs to
     t_request: float  # wall time the permit was asked for
     t_start: float  # wall time it was granted
+    t_release: float  # wall time the release was asked for (after the on_exit hook)
     t_end: float  # wall time it was released
+
+    @property
+    def acquire_s(self) -> float:
+        """Seconds the gate took to grant the phase (permit wait plus the permit path)."""
+        return self.t_start - self.t_request
+
+    @property
+    def release_s(self) -> float:
+        """Seconds the gate took to release the phase."""
+        return self.t_end - self.t_release
 
 
 @dataclass(slots=True)
@@ -69,11 +80,13 @@ class PhaseTracker:
         gate_for: the gate of each phase (e.g. the rollout rank's for "rollout").
         on_enter: called with (phase, iteration) once a phase is granted (offload/reload hooks).
         on_exit: called with (phase, iteration) before a phase is released.
+        on_closed: called with each phase's record once it is released (timing logs).
     """
 
     gate_for: Callable[[str], Gate]
     on_enter: Callable[[str, int], None] | None = None
     on_exit: Callable[[str, int], None] | None = None
+    on_closed: Callable[[PhaseRecord], None] | None = None
     history: list[PhaseRecord] = field(default_factory=list)
     _next: tuple[str, int] = ("rollout", 0)
     _open: _Open | None = None
@@ -126,11 +139,15 @@ class PhaseTracker:
                     self.on_exit(cur.phase, cur.iteration)
             finally:
                 self._open = None
+                t_release = time.time()
                 self.gate_for(cur.phase).exit(cur.handle)
                 idx = ORDER.index(cur.phase)
                 self._next = (ORDER[idx + 1], cur.iteration) if idx + 1 < len(ORDER) else ("rollout", cur.iteration + 1)
-                self.history.append(PhaseRecord(phase=cur.phase, iteration=cur.iteration, t_request=cur.t_request,
-                                                t_start=cur.t_start, t_end=time.time()))
+                rec = PhaseRecord(phase=cur.phase, iteration=cur.iteration, t_request=cur.t_request,
+                                  t_start=cur.t_start, t_release=t_release, t_end=time.time())
+                self.history.append(rec)
+                if self.on_closed is not None:
+                    self.on_closed(rec)
 
 
 def around(before: Callable[[], None] | None, after: Callable[[], None] | None) -> Wrapper:

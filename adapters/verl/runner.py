@@ -21,7 +21,7 @@ from typing import Any
 
 from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.common import env as adapter_env
-from rollmux.adapters.common.phases import Gate
+from rollmux.adapters.common.phases import Gate, PhaseRecord
 from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.sidecar import env
 
@@ -81,6 +81,10 @@ class Runner:
     def on_exit(self, phase: str, iteration: int) -> None:
         if phase == "sync":
             self._move("cpu", self.offload_s)  # trainer state leaves the GPU until the next train phase
+
+    def on_closed(self, rec: PhaseRecord) -> None:
+        record("boundary", job=self.job, phase=rec.phase, iteration=rec.iteration,
+               acquire_s=round(rec.acquire_s, 6), release_s=round(rec.release_s, 6))
 
     def _move(self, device: str, times: list[float]) -> None:
         wg = getattr(self.trainer, "actor_rollout_wg", None)
@@ -151,7 +155,7 @@ def _start() -> Runner:
     own = ShimGate()
     r = Runner(job=job, tracker=PhaseTracker(gate_for=lambda phase: own), own=own, rollout_rank=rank)
     r.tracker.gate_for = r.gate_for
-    r.tracker.on_enter, r.tracker.on_exit = r.on_enter, r.on_exit
+    r.tracker.on_enter, r.tracker.on_exit, r.tracker.on_closed = r.on_enter, r.on_exit, r.on_closed
     record("attached", job=job, rollout_rank=rank is not None)
     return r
 
