@@ -213,9 +213,11 @@ async def _node_streams_main(address: str, node_ids: list[str]) -> None:
     stub = pb_grpc.CoordinatorStub(channel)
 
     async def beats():  # type: ignore[no-untyped-def]
+        gap = NODE_HEARTBEAT_S * random.uniform(0.5, 1.0)  # spread as a sidecar's (NodeSession) are
         while True:
             yield pb.NodeUp(heartbeat=pb.NodeHeartbeat())
-            await asyncio.sleep(NODE_HEARTBEAT_S)
+            await asyncio.sleep(gap)
+            gap = NODE_HEARTBEAT_S
 
     async def hold(node_id: str) -> None:
         delay = 0.05

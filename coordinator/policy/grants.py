@@ -176,29 +176,32 @@ def deadlock_edge(rings: Mapping[str, Ring], turns: Mapping[str, str], holders: 
             if out:
                 edges[job] = out
     state: dict[str, int] = {}  # 1: on the current path, 2: explored
-    path: list[tuple[str, str, str]] = []  # (from job, node, to job)
-
-    def visit(job: str) -> list[tuple[str, str, str]] | None:
-        state[job] = 1
-        for node, nxt in edges.get(job, ()):
-            if nxt not in edges:
-                continue
-            path.append((job, node, nxt))
-            if state.get(nxt) == 1:
-                start = next(i for i, (frm, _, _) in enumerate(path) if frm == nxt)
-                return path[start:]
-            if nxt not in state and (found := visit(nxt)) is not None:
-                return found
-            path.pop()
-        state[job] = 2
-        return None
-
     for job in sorted(edges):
-        if job not in state and (cycle := visit(job)) is not None:
+        if job not in state and (cycle := _cycle_from(job, edges, state, [])) is not None:
             for _, node, blocker in cycle:
                 if node not in waiting[blocker].nodes:
                     return node, blocker
             return cycle[0][1], cycle[0][2]
+    return None
+
+
+def _cycle_from(job: str, edges: Mapping[str, list[tuple[str, str]]], state: dict[str, int],
+                path: list[tuple[str, str, str]]) -> list[tuple[str, str, str]] | None:
+    """Depth-first search from `job` for a cycle of `edges` (`path`: the (from job, node, to job)
+    steps taken so far); a module function, not a closure, so that a grant step leaves no
+    reference cycle for the collector (the coordinator runs one per grant)."""
+    state[job] = 1
+    for node, nxt in edges.get(job, ()):
+        if nxt not in edges:
+            continue
+        path.append((job, node, nxt))
+        if state.get(nxt) == 1:
+            start = next(i for i, (frm, _, _) in enumerate(path) if frm == nxt)
+            return path[start:]
+        if nxt not in state and (found := _cycle_from(nxt, edges, state, path)) is not None:
+            return found
+        path.pop()
+    state[job] = 2
     return None
 
 

@@ -18,6 +18,7 @@ same `ServiceError` subclasses the server uses (`StaleEpochError`, `PermissionDe
 from __future__ import annotations
 
 import contextlib
+import random
 import secrets
 import threading
 import time
@@ -407,10 +408,14 @@ class NodeSession:
         self._thread.join(2)  # a daemon thread: a registration retry still sleeping must not hold up a shutdown
 
     def _requests(self) -> Iterator[pb.NodeUp]:
+        # the first gap is a random 50-100% of the period, so that sidecars whose streams opened
+        # together (a fleet reconnecting after a failover) do not beat together ever after
+        gap = self.heartbeat_s * random.uniform(0.5, 1.0)
         while not self._stop.is_set():
             yield pb.NodeUp(heartbeat=pb.NodeHeartbeat(active_epochs=list(self.active_epochs()),
                                                        nvml=self.facts() if self.facts else {}))
-            self._stop.wait(self.heartbeat_s)
+            self._stop.wait(gap)
+            gap = self.heartbeat_s
 
     def _run(self) -> None:
         delay = 0.05
