@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests" / "adapters" / "roll"))
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from testbed import Job, Pools, build_assets, launch, phase_records, roll_unavailable  # noqa: E402
+from testbed import Job, Pools, build_assets, launch, phase_records, roll_unavailable, wait_built  # noqa: E402
 
 TARGET_OVERHEAD, TARGET_MAKESPAN = 0.03, 1.0
 LR = {"a": 1e-3, "b": 3e-3}
@@ -50,15 +50,6 @@ LR = {"a": 1e-3, "b": 3e-3}
 
 def _go(wd: Path, name: str) -> Path:
     return wd / f"go-{name}"
-
-
-def _wait_built(jobs: list[Job], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not all(j.out.with_suffix(".built").exists() for j in jobs):
-        dead = [j.name for j in jobs if j.proc.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            raise SystemExit(f"jobs {dead or 'all'} did not get built; logs: {[str(j.log) for j in jobs]}")
-        time.sleep(0.5)
 
 
 def _run(jobs: list[Job], go: Path, timeout_s: float) -> dict[str, dict[str, Any]]:
@@ -117,7 +108,10 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
                                 extra_env={**pools[sc].job_env(wd / f"events-{sc}.jsonl"), "ROLLMUX_JOB": name})
         t0 = time.monotonic()
         print(f"[roll_cpu] building {len(jobs)} ROLL jobs at once (a few minutes on 2 cores)", flush=True)
-        _wait_built(list(jobs.values()), timeout_s)
+        try:
+            wait_built(list(jobs.values()), timeout_s)
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from None
         print(f"[roll_cpu] built in {time.monotonic() - t0:.0f} s", flush=True)
         res: dict[str, dict[str, Any]] = {}
         for name in ("u-a", "o-a", "o-b"):

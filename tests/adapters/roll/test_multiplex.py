@@ -12,8 +12,10 @@ on 2 cores). Variable unset (solo):
 
 Opted in, on one rollout node and one training node (redis-server, coordinator, two sidecars):
 ``mux-a``, ``mux-b`` and ``mux-g`` (the same jobs as the solo ones) and ``mux-k`` (RLVR), which the
-test SIGKILLs (driver and its whole Ray instance) while it holds a permit. The opted-in jobs start
-their first phases together (the harness waits on a start file once built).
+test SIGKILLs (driver and its whole Ray instance) while it holds a permit. Once all four are built (the
+harness waits on a start file), ``mux-g`` starts first and the three RLVR jobs start when it holds its
+first permit: the agentic job's start-up after the go signal is much slower than an RLVR job's, and
+started together the RLVR jobs had once finished before its first phase.
 
 The solo jobs run first and the opted-in ones start once they are done, so at most four ROLL jobs
 (~2 GB each) are alive at a time.
@@ -39,7 +41,7 @@ from .testbed import (
     phase_records,
     roll_unavailable,
     stable_metrics,
-    start_together,
+    wait_built,
 )
 
 _reason = roll_unavailable()
@@ -98,6 +100,27 @@ def _killer(pools: Pools, job: Job, kill: Kill, stop: threading.Event) -> None:
         client.close()
 
 
+def _start_after_first_permit(pools: Pools, first: Job, go_first: Any, go_rest: Any,
+                              timeout_s: float = 300) -> float | None:
+    """Let `first` run, then the rest once it holds a node (or exited, or `timeout_s` passed).
+
+    Returns the seconds until `first` held a node; None if it never did (the interleave check then fails)."""
+    from rollmux.coordinator.service.client import CoordinatorClient
+
+    client = CoordinatorClient(pools.coordinator.address, retry_s=2.0)
+    t0 = time.monotonic()
+    try:
+        go_first.touch()
+        while time.monotonic() - t0 < timeout_s and first.proc.poll() is None:
+            if any(h.job == first.name for h in _holders(client).values()):
+                return time.monotonic() - t0
+            time.sleep(0.05)
+        return None
+    finally:
+        go_rest.touch()
+        client.close()
+
+
 def _launch(name: str, wd: Any, **kw: Any) -> Job:
     key = name.split("-")[1][0]
     return launch(name, wd, kind=KIND.get(key, "rlvr"), lr=LR[key], **kw)
@@ -108,15 +131,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     wd = tmp_path_factory.mktemp("roll")
     build_assets(wd)
     pools = Pools(wd, lease_ttl_s=LEASE_TTL_S).start()
-    events, go = wd / "events.jsonl", wd / "go"
+    events, go, go_g = wd / "events.jsonl", wd / "go", wd / "go-g"
     jobs: dict[str, Job] = {}
     try:
         jobs.update({n: _launch(n, wd) for n in SOLO})
         results: dict[str, Any] = {n: jobs[n].wait(timeout_s=600) for n in SOLO}
-        jobs.update({n: _launch(n, wd, start_file=go, extra_env={**pools.job_env(events), "ROLLMUX_JOB": n,
-                                                               "ROLLMUX_SLO": SLO}) for n in MUX})
+        for n in MUX:
+            jobs[n] = _launch(n, wd, start_file=go_g if n == "mux-g" else go,
+                              extra_env={**pools.job_env(events), "ROLLMUX_JOB": n, "ROLLMUX_SLO": SLO})
         kill, stop = Kill(job="mux-k"), threading.Event()
-        start_together([jobs[n] for n in MUX], go)
+        wait_built([jobs[n] for n in MUX])  # on failure the fixture's clean-up kills them
+        results["agentic_first_permit_s"] = _start_after_first_permit(pools, jobs["mux-g"], go_g, go)
         killer = threading.Thread(target=_killer, args=(pools, jobs["mux-k"], kill, stop), daemon=True)
         killer.start()
         results.update({n: jobs[n].wait(timeout_s=600) for n in MUX})
@@ -190,11 +215,8 @@ def test_phases_interleave_one_job_per_node_in_on_policy_order(runs: dict[str, A
     assert _interleaved(mine["mux-a"], mine["mux-b"]), "the two RLVR jobs ran one after the other"
 
 
-@pytest.mark.xfail(strict=False, reason="INTERMITTENT: in one full run (2026-12-03) both RLVR jobs had "
-                   "finished before the agentic job's first phase (its start-up after the go signal is slower); the "
-                   "RLVR jobs should wait until its ranks attach, as test_relocation_live does. Open in issue 13's "
-                   "closing note.")
 def test_the_agentic_job_interleaves_with_an_rlvr_job(runs: dict[str, Any]) -> None:
+    assert runs["agentic_first_permit_s"] is not None, "mux-g never held a node"
     mine = {job: [r for r in runs["records"] if r["job"] == job] for job in ("mux-a", "mux-b", "mux-g")}
     assert _interleaved(mine["mux-g"], mine["mux-a"]) or _interleaved(mine["mux-g"], mine["mux-b"]), \
         "the agentic job ran apart from both RLVR jobs"

@@ -172,7 +172,7 @@ def build_assets(workdir: Path) -> Path:
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
            extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False) -> Job:
     """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
-    with `start_file`, the job waits once built until :func:`start_together` creates that file; with
+    with `start_file`, the job waits once built until the caller creates that file (after :func:`wait_built`); with
     `timing`, its result also holds spans, offload/load seconds and permit calls (``harness/timing.py``)."""
     jobdir = workdir / name
     jobdir.mkdir(parents=True, exist_ok=True)
@@ -195,16 +195,14 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
     return Job(name=name, proc=proc, out=out, log=log)
 
 
-def start_together(jobs: list[Job], start_file: Path, timeout_s: float = 600) -> None:
-    """Wait until every job is built (or one exited), then let them all call ``run()`` at once."""
+def wait_built(jobs: list[Job], timeout_s: float = 600) -> None:
+    """Wait until every job is built and waits on its start file; RuntimeError naming the logs if one exits first."""
     deadline = time.monotonic() + timeout_s
     while not all(j.out.with_suffix(".built").exists() for j in jobs):
         dead = [j.name for j in jobs if j.proc.poll() is not None]
         if dead or time.monotonic() > deadline:
-            start_file.touch()
             raise RuntimeError(f"jobs {dead or 'all'} did not get built: see {[str(j.log) for j in jobs]}")
         time.sleep(0.2)
-    start_file.touch()
 
 
 def stable_metrics(step: dict[str, Any]) -> dict[str, float]:
