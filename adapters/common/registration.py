@@ -30,6 +30,7 @@ from typing import Any
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
+from rollmux.model import MAX_PHASE_S
 from rollmux.sidecar import env
 
 PROPAGATED = (env.SIDECAR_SOCKET, env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET,
@@ -113,6 +114,26 @@ def slo(default: float = 1.5) -> float:
         raise AdapterError(f"{adapter_env.SLO}={raw!r} is invalid: expected a number >= 1.0 (1.5 = at most 50% "
                            "slower than alone); unset it for the default 1.5")
     return value
+
+
+def phase_times() -> tuple[float | None, float | None]:
+    """``ROLLMUX_PHASE_S`` as (rollout, train) seconds; (None, None) when unset (the coordinator estimates).
+
+    Raises:
+        AdapterError: not two numbers > 0 and <= one day, separated by a comma.
+    """
+    raw = os.environ.get(adapter_env.PHASE_S, "").strip()
+    if not raw:
+        return None, None
+    parts = raw.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) != 2 or not all(0.0 < v <= MAX_PHASE_S for v in values):
+        raise AdapterError(f"{adapter_env.PHASE_S}={raw!r} is invalid: expected ROLLOUT,TRAIN solo seconds, two numbers "
+                           f"> 0 and <= {MAX_PHASE_S:g} (e.g. 40,95); unset it to let the coordinator estimate them")
+    return values[0], values[1]
 
 
 def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:

@@ -39,7 +39,7 @@ def register_from_config(config: Any) -> JobIdentity:
     registration.check_sidecar(registration.socket_path())
     name = registration.job_name(verl_spec.get(config, "trainer.project_name"),
                                  verl_spec.get(config, "trainer.experiment_name"))
-    job = verl_spec.job_spec(config, name=name, slo=registration.slo())
+    job = verl_spec.job_spec(config, name=name, slo=registration.slo(), phase_s=registration.phase_times())
     _identity = registration.register(job)
     log.warning("RollMux: job %s registered (%s; %d train GPUs, %d rollout GPUs, %.4fB params)", _identity.job,
                 _identity.deployment, job.n_train_gpus, job.n_rollout_gpus, job.model_params_b)

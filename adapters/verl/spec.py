@@ -50,7 +50,8 @@ def _hf_dtype_bytes(model_path: str) -> int:
     return _BYTES.get(str(dtype), 2)
 
 
-def job_spec(cfg: Any, *, name: str, slo: float, params: int | None = None) -> JobSpec:
+def job_spec(cfg: Any, *, name: str, slo: float, params: int | None = None,
+             phase_s: tuple[float | None, float | None] = (None, None)) -> JobSpec:
     """The spec the coordinator schedules the job by.
 
     Args:
@@ -58,6 +59,7 @@ def job_spec(cfg: Any, *, name: str, slo: float, params: int | None = None) -> J
         name: the job's RollMux name.
         slo: max slowdown vs alone.
         params: parameter count (default: counted from ``actor_rollout_ref.model.path``).
+        phase_s: solo (rollout, train) seconds the user measured (``ROLLMUX_PHASE_S``); None: estimated.
     """
     n_train = int(get(cfg, "trainer.nnodes", 1)) * int(get(cfg, "trainer.n_gpus_per_node", 1))
     if disaggregated(cfg):
@@ -78,4 +80,5 @@ def job_spec(cfg: Any, *, name: str, slo: float, params: int | None = None) -> J
         turns=max(1, turns),
         rollout_state_bytes=weight_bytes,  # host copy of the rollout weights (warm start)
         train_state_bytes=count * 16,  # fp32 master weights + Adam moments + gradients
+        t_roll_s=phase_s[0], t_train_s=phase_s[1],
     )

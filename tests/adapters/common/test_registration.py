@@ -59,6 +59,26 @@ def test_slo_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     assert reg.slo() == 2.0
 
 
+@pytest.mark.parametrize("raw", ["40", "40,95,1", "a,b", "0,5", "5,-1", "nan,5", "inf,5", "5,86401"])
+def test_phase_times_refuse_what_is_not_two_positive_durations(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("ROLLMUX_PHASE_S", raw)
+    with pytest.raises(AdapterError, match=f"ROLLMUX_PHASE_S='{raw}' is invalid: expected ROLLOUT,TRAIN"):
+        reg.phase_times()
+
+
+def test_phase_times_are_read_and_reach_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollmux.adapters.verl.spec import job_spec
+
+    monkeypatch.delenv("ROLLMUX_PHASE_S", raising=False)
+    assert reg.phase_times() == (None, None)
+    monkeypatch.setenv("ROLLMUX_PHASE_S", " 40, 95.5 ")
+    assert reg.phase_times() == (40.0, 95.5)
+    cfg = {"actor_rollout_ref": {"model": {"path": "unused"}}}
+    spec = job_spec(cfg, name="j", slo=2.0, params=10**9, phase_s=reg.phase_times())
+    assert (spec.t_roll_s, spec.t_train_s) == (40.0, 95.5)
+    assert job_spec(cfg, name="j", slo=2.0, params=10**9).t_roll_s is None  # left to the coordinator's estimate
+
+
 @pytest.fixture(scope="module")
 def secured_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A coordinator with a bootstrap secret and two sidecars started with --secret-file (as the chart)."""

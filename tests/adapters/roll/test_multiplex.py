@@ -55,10 +55,6 @@ KIND = {"g": "agentic"}
 LEASE_TTL_S = 5.0
 ORDER = [("rollout", 0), ("train", 0), ("sync", 0), ("rollout", 1), ("train", 1)]
 """A 2-step job's phases: the last step's weight push belongs to a step that never runs."""
-SLO = "10"
-"""The largest accepted (10), so that the coordinator puts all four opted-in jobs in one group: its profiler sizes the
-agentic job's rollout by ``sequence_length`` (2048 tokens, vs 8 for RLVR), and with the usual 3.0 it
-placed that job in a group of its own, whose turn came only after the RLVR jobs finished."""
 SOLO = ("solo-a", "solo-a2", "solo-b", "solo-g")
 MUX = ("mux-a", "mux-b", "mux-g", "mux-k")
 
@@ -96,6 +92,18 @@ def _killer(pools: Pools, job: Job, kill: Kill, stop: threading.Event) -> None:
                 kill.t_freed = time.time()
     except Exception as exc:  # reported by the test that reads it
         kill.error = repr(exc)
+    finally:
+        client.close()
+
+
+def _admission(pools: Pools) -> dict[str, str]:
+    """Each registered job's admission as the coordinator reports it: its group, or why it waits."""
+    from rollmux.coordinator.service.client import CoordinatorClient
+
+    client = CoordinatorClient(pools.coordinator.address, retry_s=2.0)
+    try:
+        return {j.job: j.group_id if j.state == "admitted" else f"{j.state} at {j.pending_position}: {j.placement}"
+                for j in client.cluster_state().jobs}
     finally:
         client.close()
 
@@ -138,9 +146,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         results: dict[str, Any] = {n: jobs[n].wait(timeout_s=600) for n in SOLO}
         for n in MUX:
             jobs[n] = _launch(n, wd, start_file=go_g if n == "mux-g" else go,
-                              extra_env={**pools.job_env(events), "ROLLMUX_JOB": n, "ROLLMUX_SLO": SLO})
+                              extra_env={**pools.job_env(events), "ROLLMUX_JOB": n})
         kill, stop = Kill(job="mux-k"), threading.Event()
         wait_built([jobs[n] for n in MUX])  # on failure the fixture's clean-up kills them
+        results["admission"] = _admission(pools)  # each registered before it built
         results["agentic_first_permit_s"] = _start_after_first_permit(pools, jobs["mux-g"], go_g, go)
         killer = threading.Thread(target=_killer, args=(pools, jobs["mux-k"], kill, stop), daemon=True)
         killer.start()
@@ -203,6 +212,13 @@ def _interleaved(x: list[dict[str, Any]], y: list[dict[str, Any]]) -> bool:
     """Whether a phase of one job started while the other job was between its first and last phase."""
     return any(x[0]["t_start"] < r["t_start"] < x[-1]["t_end"] for r in y) or \
         any(y[0]["t_start"] < r["t_start"] < y[-1]["t_end"] for r in x)
+
+
+def test_every_opted_in_job_is_admitted_into_the_one_group(runs: dict[str, Any]) -> None:
+    """With the solo phase times declared (``ROLLMUX_PHASE_S``), the SLO check admits all four jobs
+    beside each other; otherwise a job waits for a group member to finish and runs apart."""
+    admission = runs["admission"]
+    assert admission.keys() == set(MUX) and len(set(admission.values())) == 1, admission
 
 
 def test_phases_interleave_one_job_per_node_in_on_policy_order(runs: dict[str, Any]) -> None:

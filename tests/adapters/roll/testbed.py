@@ -11,6 +11,7 @@ their rollout permits through the rollout one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -33,6 +34,11 @@ ROLL_VENV = REPO / ".venv-roll"
 ROLL_PY = ROLL_VENV / "bin" / "python"
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 VOLATILE = ("time/", "tps", "memory", "/mem", "timer", "lr")
+PHASE_S = "3,2"
+"""Solo rollout and train seconds of a harness job on this CPU, as a user declares them from a run alone
+(``ROLLMUX_PHASE_S``). The profiler's estimate for these tiny models is microseconds, where the fixed
+cost of every phase switch dominates the SLO check, so that jobs beside two or three others would never
+be admitted and would wait for one of them to finish."""
 """Metric name parts that measure wall time, throughput or memory (differ between any two runs)."""
 
 
@@ -93,9 +99,10 @@ class Pools:
         return self
 
     def job_env(self, event_log: Path) -> dict[str, str]:
-        """What the platform sets in an opted-in job's environment."""
+        """What the platform sets in an opted-in job's environment: the sockets, the SLO and the solo phase
+        times a user declares from a run alone (``PHASE_S``)."""
         return {env.SIDECAR_SOCKET: self.sockets["train"], "ROLLMUX_ROLLOUT_SIDECAR_SOCKET": self.sockets["rollout"],
-                env.EVENT_LOG: str(event_log), "ROLLMUX_SLO": "3.0"}
+                env.EVENT_LOG: str(event_log), "ROLLMUX_SLO": "3.0", "ROLLMUX_PHASE_S": PHASE_S}
 
     def stop(self) -> None:
         for agent, server in self.parts:
@@ -169,6 +176,9 @@ def build_assets(workdir: Path) -> Path:
     return workdir / "assets"
 
 
+_PORT_BLOCKS = itertools.count()
+
+
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
            extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False) -> Job:
     """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
@@ -181,7 +191,8 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
               "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false",
               # ROLL reserves half a node's CPUs per placement group and asks a whole CPU per task: give
               # the job's private Ray (started by the adapter, or by the harness) more logical CPUs than 2
-              "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 16, "GPU": 1})})
+              "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 16, "GPU": 1}),
+              "RMX_PORT_BLOCK": str(next(_PORT_BLOCKS))})  # cpu_patches._patch_ports: no two jobs pick one port
     e.update(extra_env or {})
     out, log = workdir / f"{name}.json", workdir / f"{name}.log"
     cmd = [str(ROLL_PY), str(HARNESS / f"run_{kind}.py"), "--assets", str(workdir / "assets"), "--workdir",

@@ -35,12 +35,15 @@ def jobs(root: Path, assets: Path, tag: str) -> tuple[VerlJob, VerlJob]:
 
 
 class Watch:
-    """Polls the coordinator while the multiplexed jobs run: who relayed each registration, and the
-    victim's crash (SIGKILL the moment it holds a node, then time until no node holds it)."""
+    """Polls the coordinator while the multiplexed jobs run: who relayed each registration, the most
+    jobs admitted into one group at once (and why any waited), and the victim's crash (SIGKILL the
+    moment it holds a node, then time until no node holds it)."""
 
     def __init__(self, cluster: scenario.LocalCluster, victim: VerlJob) -> None:
         self.cluster, self.victim = cluster, victim
         self.relayed_by: dict[str, str] = {}
+        self.together: set[str] = set()
+        self.waited: dict[str, str] = {}  # job -> the coordinator's state and placement while not admitted
         self.killed_at: float | None = None
         self.alive_at_kill: set[str] = set()
         self.freed_after_s: float | None = None
@@ -48,6 +51,13 @@ class Watch:
     def __call__(self, running: dict) -> None:
         state = self.cluster.client.cluster_state()
         self.relayed_by.update({j.job: j.relayed_by for j in state.jobs})
+        groups: dict[str, set[str]] = {}
+        for j in state.jobs:
+            if j.state == "admitted":
+                groups.setdefault(j.group_id, set()).add(j.job)
+            else:
+                self.waited[j.job] = f"{j.state} (position {j.pending_position})"
+        self.together = max([self.together, *groups.values()], key=len)
         holders = {n.holder.job for n in state.nodes if n.HasField("holder")}
         if self.killed_at is None and VICTIM in holders and VICTIM in running:
             self.alive_at_kill = set(running) - {VICTIM}
@@ -92,6 +102,8 @@ def test_both_jobs_finish_interleaved_with_mutual_exclusion_and_on_policy_order(
     for name in ("v1job", "legacyjob"):
         owned = [(s.phase, s.iteration) for s in sp if s.job == name]
         assert owned == [(p, i) for i in range(2) for p in ("rollout", "train", "sync")], owned
+    assert runs["watch"].together == {"v1job", "legacyjob", VICTIM}, \
+        f"the jobs never shared one group: {runs['watch'].together}; waited: {runs['watch'].waited}"
     order = [s.job for s in sp if s.node == "train-0" and s.job != VICTIM]
     assert order != sorted(order), f"the jobs were not interleaved on train-0: {order}"
     assert set(runs["left"]) <= {VICTIM}, "finished jobs were not deregistered"

@@ -10,6 +10,9 @@ next to this file imports it; the harness puts this folder on the workers' ``PYT
 * ``DataProto.to("cuda")`` stays on the CPU; CUDA-IPC device-uuid rewriting skips CPU tensors;
   tensors cross processes through the file-system sharing strategy; HF models reload with ``.to``.
 * :class:`CpuInferWorker`: ROLL's InferWorker awaits its strategy; hf_infer is synchronous.
+
+One patch is not about the CPU: :func:`_patch_ports` keeps several ROLL jobs on one host from
+picking the same port (``RMX_PORT_BLOCK``, set by the harness per job).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import inspect
+import os
+import random
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -117,7 +123,36 @@ def _patch_load_hf(mod: Any) -> None:
     mod.load_hf_model = _load_to_cpu
 
 
+PORT_BLOCK_BASE, PORT_BLOCK_SIZE, PORT_BLOCKS = 20_000, 500, 20
+"""Job i (``RMX_PORT_BLOCK``) picks ports in [20000 + 500 i, +500): above Ray's worker ports (10002-19999),
+below the kernel's ephemeral range (32768 on), so no other process is handed one meanwhile."""
+
+
+def _patch_ports(mod: Any) -> None:
+    """ROLL picks a port by binding port 0 and letting it go (``collect_free_port``), unique only within
+    one Ray instance (``Worker.get_free_port`` checks its SharedStorage). Several ROLL jobs on one host
+    can then pick the same one, or one the kernel hands another process before ROLL binds it (seen:
+    EADDRINUSE on an actor's MASTER_PORT while four jobs started at once)."""
+    block = os.environ.get("RMX_PORT_BLOCK", "")
+    if not block:
+        return
+    low = PORT_BLOCK_BASE + PORT_BLOCK_SIZE * (int(block) % PORT_BLOCKS)
+
+    def collect_free_port() -> int:
+        for port in random.sample(range(low, low + PORT_BLOCK_SIZE), PORT_BLOCK_SIZE):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in {low}-{low + PORT_BLOCK_SIZE - 1} (RMX_PORT_BLOCK={block})")
+
+    mod.collect_free_port = collect_free_port
+
+
 _HOOKS.update({
+    "roll.utils.network_utils": _patch_ports,
     "roll.platforms.cpu": _patch_platform,
     "roll.distributed.scheduler.protocol": _patch_protocol,
     "roll.utils.send_recv_utils": _patch_send_recv,

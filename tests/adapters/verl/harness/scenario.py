@@ -91,12 +91,19 @@ def rollmux_setup(workdir: Path, *, lease_ttl_s: float = 10.0) -> Iterator[Local
         redis.stop()
 
 
+PHASE_S = "2,1"
+"""Solo rollout and train seconds of a harness job on this CPU, as a user declares them from a run alone
+(``ROLLMUX_PHASE_S``). The profiler's estimate for a 0.1M-parameter model is microseconds, where the
+fixed cost of every phase switch dominates the SLO check: at SLO 3 a third job would then never be
+admitted beside two others, and would wait for one of them to finish."""
+
+
 def opt_in(cluster: LocalCluster, name: str, *, slo: float = 3.0) -> dict[str, str]:
     """The variables a platform sets for an opted-in job on this machine: the node's sidecar socket (and
-    the rollout pool's, both pools being on this host), the job's name and SLO, the phase log. No token:
-    the job registers through the sidecar."""
+    the rollout pool's, both pools being on this host), the job's name, SLO and solo phase times, the
+    phase log. No token: the job registers through the sidecar."""
     return {env.SIDECAR_SOCKET: cluster.sockets["train"], adapter_env.ROLLOUT_SIDECAR_SOCKET: cluster.sockets["rollout"],
-            env.EVENT_LOG: str(cluster.events), env.JOB: name, adapter_env.SLO: str(slo)}
+            env.EVENT_LOG: str(cluster.events), env.JOB: name, adapter_env.SLO: str(slo), adapter_env.PHASE_S: PHASE_S}
 
 
 def redis_available() -> bool:
