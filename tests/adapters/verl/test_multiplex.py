@@ -1,8 +1,9 @@
 """Real veRL 0.9.1 GRPO jobs (v1 sync and legacy RayPPOTrainer) multiplexed on the CPU harness against
 a real coordinator (Redis, bootstrap secret) and real sidecars (``--secret-file``), compared with the
 same jobs run alone with the variable unset. The jobs get no token: they register through the node's
-sidecar. A third opted-in job is SIGKILLed while it holds a node. One module-scoped run; every test
-asserts on its logs."""
+sidecar. A third opted-in job is SIGKILLed while it holds a node. The opted-in trainers wait at ``fit()``
+until all three got there (once, legacyjob ran both its steps before v1job asked its first permit).
+One module-scoped run; every test asserts on its logs."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         pair = jobs(root, assets, "mux")
         victim = VerlJob(name=VICTIM, assets=assets, workdir=root / "mux" / VICTIM, steps=2)
         watch = Watch(cluster, victim)
-        mux = scenario.run([(j, scenario.opt_in(cluster, j.name)) for j in (*pair, victim)], watch=watch)
+        mux = scenario.run([(j, scenario.opt_in(cluster, j.name)) for j in (*pair, victim)], watch=watch,
+                           start_file=root / "mux" / "go")  # first phases together: start-up times vary a lot
         left = [j.job for j in cluster.client.cluster_state().jobs]
         events = read_jsonl(cluster.events)
     yield {"root": root, "solo": solo, "mux": mux, "events": events, "left": left, "watch": watch,

@@ -22,6 +22,10 @@ HARNESS = Path(__file__).resolve().parent
 REPO = HARNESS.parents[3]
 
 
+START_FILE = "RMX_START_FILE"
+"""With it set, the trainer waits at ``fit()`` until that file exists (``rollmux_verl_cpu._start_gate``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerlJob:
     """Knobs of one tiny veRL job (2-3 steps)."""

@@ -12,12 +12,15 @@ What stands in for a GPU, and nothing more:
   ``pin_memory`` of FSDP2's CPU offload policy, and flash-attention in the value-head loader.
 
 The events this module sees (server sleep / wake / load_weights, with pid) go to the JSON-lines file
-named by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks.
+named by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks. With ``RMX_START_FILE`` set,
+the trainer's ``fit()`` records a ``start_gate`` event and waits for that file, so that the tests can
+start several jobs' first phases together (test control, not a GPU stand-in).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -27,6 +30,8 @@ from typing import Any
 import torch
 
 EVENTS = "RMX_HARNESS_EVENTS"
+START_FILE = "RMX_START_FILE"
+START_WAIT_S = 900.0
 
 
 def event(kind: str, **fields: Any) -> None:
@@ -219,6 +224,38 @@ def _replica_class() -> type:
     return HFCPUReplica
 
 
+# ---------------------------------------------------------------------------------------- start gate
+def _start_gate() -> None:
+    """Hold both trainers' ``fit()`` until the file named by ``RMX_START_FILE`` exists (if set).
+
+    Installed as post-import hooks (this module loads while veRL is half-imported); the RollMux adapter's
+    own ``fit`` patch, installed later, wraps this one, and no permit is asked before ``fit()``."""
+    path = os.environ.get(START_FILE)
+    if not path:
+        return
+    from rollmux.adapters.common.hooks import when_imported
+
+    def gate(module: Any, cls_name: str) -> None:
+        cls = getattr(module, cls_name)
+        fit = cls.__dict__["fit"]
+        if getattr(fit, "_rmx_start_gate", False):
+            return
+
+        @functools.wraps(fit)
+        def gated_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+            event("start_gate", trainer=cls_name)
+            deadline = time.monotonic() + START_WAIT_S
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return fit(self, *args, **kwargs)
+
+        gated_fit._rmx_start_gate = True  # type: ignore[attr-defined]
+        cls.fit = gated_fit
+
+    when_imported("verl.trainer.ppo.ray_trainer", lambda m: gate(m, "RayPPOTrainer"))
+    when_imported("verl.trainer.ppo.v1.trainer_base", lambda m: gate(m, "PPOTrainer"))
+
+
 _done = False
 
 
@@ -233,6 +270,7 @@ def install() -> None:
     _gloo_process_group()
     _eager_valuehead()
     _register_rollout()
+    _start_gate()
 
 
 install()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from job import VerlJob
+from job import START_FILE, VerlJob
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.demo.launch import LocalCluster
@@ -36,11 +36,17 @@ SECRET = "harness-bootstrap-secret"
 
 
 def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: float = 600,
-        watch: Callable[[dict[str, subprocess.Popen[bytes]]], None] | None = None) -> dict[str, Finished]:
+        watch: Callable[[dict[str, subprocess.Popen[bytes]]], None] | None = None,
+        start_file: Path | None = None) -> dict[str, Finished]:
     """Start every job at once (each with its opt-in variables, or none) and wait for all; `watch` is
-    called with the running processes about twice a second."""
+    called with the running processes about twice a second.
+
+    With `start_file`, every trainer waits at ``fit()`` (``rollmux_verl_cpu._start_gate``) until all jobs
+    got there (or one exited), so their first phases start together: start-up alone varies by tens of
+    seconds between two jobs on a loaded box, more than a whole 2-step run."""
     t0 = time.monotonic()
-    procs = {j.name: (j, j.start(opt_in)) for j, opt_in in jobs}
+    extra = {START_FILE: str(start_file)} if start_file is not None else {}
+    procs = {j.name: (j, j.start({**(opt_in or {}), **extra} or None)) for j, opt_in in jobs}
     out: dict[str, Finished] = {}
     try:
         while len(out) < len(procs):
@@ -49,6 +55,9 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
             for name, (j, p) in procs.items():
                 if name not in out and p.poll() is not None:
                     out[name] = Finished(job=j, rc=p.returncode, wall_s=time.monotonic() - t0)
+            if start_file is not None and not start_file.exists() and \
+                    (out or all(_at_start_gate(j) for j, _ in procs.values())):
+                start_file.touch()
             if watch is not None:
                 watch({n: p for n, (_, p) in procs.items() if n not in out})
             time.sleep(0.5)
@@ -57,6 +66,13 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
             if p.poll() is None:
                 kill(j, p)
     return out
+
+
+def _at_start_gate(job: VerlJob) -> bool:
+    from job import read_jsonl
+
+    path = job.workdir / "harness.jsonl"
+    return path.exists() and any(r.get("kind") == "start_gate" for r in read_jsonl(path))
 
 
 def kill(job: VerlJob, proc: subprocess.Popen[bytes]) -> None:
