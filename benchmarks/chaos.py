@@ -15,7 +15,7 @@ repeated or out-of-order phases per run against the on-policy order.
 
 Default: a ~60 s window (about 90 s in all). ``--long`` or ROLLMUX_CHAOS_LONG=1: a 600 s window with
 more slots and nodes. ``--check`` exits 1 on any violation, lost, repeated or out-of-order phase,
-phase with no recorded end, unfinished slot, fault kind never injected, or fewer phases than
+phase with no recorded end, unrecovered fault, unfinished slot, fault kind never injected, or fewer phases than
 ``--min-phases`` (default: one per second of window). Logs go to ``--out`` (a temp dir by default).
 """
 
@@ -57,6 +57,8 @@ def failures(result: ChaosResult, config: ChaosConfig, min_phases: int) -> list[
                    f"{v.out_of_order} runs out of order, {v.unclosed} phases with no recorded end")
     if result.unfinished:
         out.append(f"slots whose last run did not finish: {', '.join(result.unfinished)}")
+    if v.unrecovered:
+        out.append("faults not recovered: " + ", ".join(f"{k} {n}" for k, n in sorted(v.unrecovered.items())))
     missing = [k.value for k in config.kinds if not v.faults.get(k.value)]
     if missing:
         out.append(f"fault kinds never injected: {', '.join(missing)}")

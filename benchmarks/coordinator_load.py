@@ -71,7 +71,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from rollmux.chaos.procs import free_port, wait_port
+from rollmux.chaos.procs import wait_port
+from rollmux.ports import free_port
 
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
 PAPER_POLL_S = 0.2

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess, SidecarProcess
+from rollmux.chaos.procs import CoordinatorProcess, ProcessStartError, RedisProcess, SidecarProcess
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +69,9 @@ class Deployment:
         try:
             self.redis.start()
             self.coordinators[0].start()
-            self.wait_leader(60.0)
+            if self.wait_leader(60.0) is None:
+                raise ProcessStartError(f"coordinator {self.coordinators[0].instance_id} did not lead within 60s; "
+                                        f"see {self.coordinators[0].log}")
             for c in self.coordinators[1:]:
                 c.start()
             for s in self.sidecars.values():

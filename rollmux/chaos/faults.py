@@ -90,8 +90,9 @@ class Injector:
         served = self.deploy.wait_leader(60.0, not_=leader)
         ready_t = time.time()
         leader.start()  # back as the standby
-        return {"t": t, "ready_t": ready_t, "detail": f"{leader.instance_id} -> "
-                f"{served.instance_id if served else 'none'}"}
+        # No takeover is a failed failover, not a slow one (the restart above would mask it).
+        return {"t": t, "ready_t": ready_t, "failed": served is None,
+                "detail": f"{leader.instance_id} -> {served.instance_id if served else 'none'}"}
 
     def _sidecar_restart(self) -> dict[str, Any]:
         node = self.rng.choice(sorted(self.deploy.sidecars))

@@ -146,6 +146,9 @@ def recovery(faults: Sequence[Mapping[str, Any]], starts: Sequence[Mapping[str, 
     for f in faults:
         if f.get("idle"):
             continue  # nothing ran on its nodes: nothing to recover
+        if f.get("failed"):
+            missed[f["kind"]] += 1  # the faulty part never served again (for example no standby took over)
+            continue
         after = max(float(f["t"]), float(f.get("ready_t") or f["t"]))
         nodes = set(f.get("nodes") or ())
         first = next((e["t"] for e in ordered if e["t"] > after and (not nodes or nodes & set(e["nodes"]))), None)

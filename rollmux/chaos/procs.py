@@ -17,18 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rollmux.errors import RollMuxError
+from rollmux.ports import free_port
 
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 class ProcessStartError(RollMuxError):
     """A child process did not come up in time (its log file is named in the message)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout_s: float = 30.0, *, proc: subprocess.Popen[bytes] | None = None,
@@ -161,7 +156,11 @@ class CoordinatorProcess(_Child):
             self.wait_listening(timeout_s)
 
     def wait_listening(self, timeout_s: float = 60.0) -> None:
-        wait_port(self.port, timeout_s, proc=self.proc, what=f"coordinator {self.instance_id} (log {self.log})")
+        what = f"coordinator {self.instance_id} (log {self.log})"
+        wait_port(self.port, timeout_s, proc=self.proc, what=what)
+        time.sleep(0.2)  # the port answers: make sure it is ours (a failed bind exits at once)
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessStartError(f"{what} exited with {self.proc.returncode} while starting")
 
     def leading(self, token: str | None = None) -> bool:
         """True when it answers and reports itself ready (it holds the leadership and its state)."""

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.errors import RollMuxError
+from rollmux.ports import free_port
 from rollmux.sidecar import env
 
 
@@ -48,12 +48,6 @@ class Pools:
 
     rollout_cpu: int = 0
     train_cpu: int = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,15 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from rollmux.ports import free_port
+
 from .conftest import ROOT, Rendered, container, name
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -16,6 +16,7 @@ from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.ports import free_port  # noqa: F401 - the tests here import it from here
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.gpu import NoGpuProvider
 from rollmux.sidecar.server import serve
@@ -67,14 +68,6 @@ def make_node(coordinator: ThreadedServer, sockdir: Path) -> Iterator:
     for n in nodes:
         n.server.stop(0)  # type: ignore[attr-defined]
         n.agent.stop()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def register(coordinator: ThreadedServer, name: str) -> str:

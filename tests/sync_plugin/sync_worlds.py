@@ -8,10 +8,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from typing import Any
+
+from rollmux.ports import free_port
 
 SHAPES = (
     ("embed.weight", (37, 13), "float32"),
@@ -50,13 +51,6 @@ def make_model(seed: int = 0) -> dict[str, Any]:
         raw = torch.randint(0, 256, (n * dt.itemsize,), dtype=torch.uint8, generator=g)
         out[name] = raw.view(dt).reshape(shape)
     return out
-
-
-def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 Topology = tuple[tuple[int, ...], tuple[int, ...]]

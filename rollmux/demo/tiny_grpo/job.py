@@ -33,7 +33,6 @@ import dataclasses
 import importlib
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +46,7 @@ import torch.distributed as dist
 from rollmux.demo.tiny_grpo.grpo import group_advantages, grpo_loss
 from rollmux.demo.tiny_grpo.model import Sample, TinyPolicy, sample, token_logp
 from rollmux.demo.tiny_grpo.task import PROMPT_LEN, make_prompts, reward
+from rollmux.ports import free_port
 
 PhaseHook = Callable[[str], AbstractContextManager[Any]]
 """``phase_hook("rollout"|"train"|"sync")`` returns a context manager wrapped around that phase."""
@@ -362,12 +362,6 @@ def _process(rank: int, cfg: JobConfig, init_method: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_job(cfg: JobConfig) -> None:
     """Start the trainer and rollout processes and wait for both.
 
@@ -376,7 +370,7 @@ def run_job(cfg: JobConfig) -> None:
     """
     import multiprocessing as mp
 
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    init_method = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(target=_process, args=(rank, cfg, init_method), name=f"{cfg.job_id}-{role}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollmux.ports import free_port
 from rollmux.sidecar import env
 
 HERE = Path(__file__).resolve().parent
@@ -53,12 +54,6 @@ def roll_unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Pools:
     """redis-server + coordinator + a rollout-node and a training-node sidecar, in this process."""
@@ -78,7 +73,7 @@ class Pools:
         from rollmux.sidecar.gpu import NoGpuProvider
         from rollmux.sidecar.server import serve
 
-        port = _free_port()
+        port = free_port()
         self.redis = subprocess.Popen([REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                        "--dir", str(self.workdir)], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)

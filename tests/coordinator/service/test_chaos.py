@@ -33,5 +33,6 @@ def test_chaos_every_fault_kind_once(tmp_path: Path) -> None:
     assert not result.unfinished, f"slots whose last run did not finish: {result.unfinished}"
     assert not result.injector_errors, result.injector_errors
     assert set(v.faults) == {k.value for k in FaultKind}, v.faults  # every kind struck once
+    assert not v.unrecovered, table(v)  # a failover nobody took over counts here
     assert sum(r.completed for r in v.runs) >= config.shim_jobs + config.direct_jobs
     assert v.phases_completed >= 3 * config.iterations * (config.shim_jobs + config.direct_jobs)

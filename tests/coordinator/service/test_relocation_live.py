@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess, free_port
+from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.coordinator.service.client import CoordinatorClient, JobClient
 from rollmux.model import JobSpec, Phase, Pool, RelocationState
+from rollmux.ports import free_port
 
 from .conftest import add_node, close_node_streams
 

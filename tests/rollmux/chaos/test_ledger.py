@@ -95,3 +95,11 @@ def test_a_kill_while_releasing_is_not_judged_lost_and_recovery_is_timed() -> No
     v = judge(log.events, {"a": True}, iterations=1)
     assert v.lost == 0 and v.unconfirmed == 1
     assert v.faults["rank_kill"] == 1 and v.recovery_s["rank_kill"] == [4.0 - 2.5]  # the next start on t0
+
+
+def test_a_failover_no_standby_took_over_is_unrecovered_however_soon_jobs_ran_again() -> None:
+    log = Log()
+    log.job("a", 2)
+    log.events.append({"t": 2.5, "ev": "fault", "kind": "failover", "ready_t": 2.6, "failed": True})
+    v = judge(log.events, {"a": True}, iterations=2)
+    assert v.faults["failover"] == 1 and v.unrecovered["failover"] == 1 and "failover" not in v.recovery_s
