@@ -9,13 +9,16 @@ job's runtime environment). :func:`unpatch` restores every original.
 
 Supported: ROLL 0.3.0 at the commits in :data:`SUPPORTED_COMMITS`. The version is guarded at the
 first ROLL import, and ``run()``'s own source is checked to still open the spans the adapter gates.
+
+Disaggregated jobs (actor_train and actor_infer on different devices) sync weights through
+``rollmux.sync_plugin`` instead of ROLL's one-source broadcast (:mod:`.weight_sync`).
 """
 
 from __future__ import annotations
 
 from rollmux.adapters.common.api import PatchTarget
 from rollmux.adapters.common.patching import Patcher
-from rollmux.adapters.roll import driver, workers
+from rollmux.adapters.roll import driver, weight_sync, workers
 from rollmux.adapters.roll.driver import permit_log
 
 SUPPORTED_COMMITS = ("8eb27cc2",)
@@ -27,6 +30,7 @@ SUPPORTED_VERSIONS = "==0.3.0"
 _RLVR = "roll.pipeline.rlvr.rlvr_pipeline"
 _AGENTIC = "roll.pipeline.agentic.agentic_pipeline"
 _SCHED = "roll.distributed.scheduler.generate_scheduler"
+_MUG = "roll.distributed.executor.model_update_group"
 
 TARGETS = (
     PatchTarget(module="roll.distributed.scheduler.initialize", attribute="init", wrapper=driver.wrap_init),
@@ -41,6 +45,8 @@ TARGETS = (
     PatchTarget(module=_SCHED, attribute="ReplayBuffer.get_batch", wrapper=workers.wrap_replay_get_batch),
     PatchTarget(module="roll.distributed.strategy.vllm_strategy", attribute="VllmStrategy.offload_states",
                 wrapper=workers.wrap_vllm_offload),
+    PatchTarget(module=_MUG, attribute="ModelUpdateGroup.__init__", wrapper=weight_sync.wrap_group_init),
+    PatchTarget(module=_MUG, attribute="ModelUpdateGroup.model_update", wrapper=weight_sync.wrap_group_model_update),
 )
 
 PATCHER = Patcher(adapter="roll", distribution="roll", supported=SUPPORTED_VERSIONS, targets=TARGETS,

@@ -175,7 +175,8 @@ _PORT_BLOCKS = itertools.count()
 
 
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
-           extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False) -> Job:
+           extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False,
+           disaggregated: bool = False, check_weights: bool = False) -> Job:
     """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
     with `start_file`, the job waits once built until the caller creates that file (after :func:`wait_built`); with
     `timing`, its result also holds spans, offload/load seconds and permit calls (``harness/timing.py``)."""
@@ -186,7 +187,7 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
               "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false",
               # ROLL reserves half a node's CPUs per placement group and asks a whole CPU per task: give
               # the job's private Ray (started by the adapter, or by the harness) more logical CPUs than 2
-              "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 16, "GPU": 1}),
+              "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 16, "GPU": 2 if disaggregated else 1}),
               "RMX_PORT_BLOCK": str(next(_PORT_BLOCKS))})  # cpu_patches._patch_ports: no two jobs pick one port
     e.update(extra_env or {})
     out, log = workdir / f"{name}.json", workdir / f"{name}.log"
@@ -196,6 +197,10 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
         cmd += ["--start-file", str(start_file)]
     if timing:
         cmd.append("--timing")
+    if disaggregated:
+        cmd.append("--disaggregated")
+    if check_weights:
+        cmd.append("--check-weights")
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=jobdir, env=e, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(name=name, proc=proc, out=out, log=log)

@@ -5,7 +5,8 @@ shared/reference/roll_cpu_harness.md, section 4); this module patches exactly th
 the ROLL module in question is imported, in the driver and in every Ray worker (``sitecustomize.py``
 next to this file imports it; the harness puts this folder on the workers' ``PYTHONPATH``).
 
-* CpuPlatform: pretend to be one Ray "GPU" (so ROLL's ResourceManager and device mappings work)
+* CpuPlatform: pretend to be one Ray "GPU" (two with ``RMX_FAKE_GPUS=2``, so a job can put actor_train
+  and actor_infer on different devices) so ROLL's ResourceManager and device mappings work,
   and give the accelerator calls torch.cpu lacks harmless CPU answers.
 * ``DataProto.to("cuda")`` stays on the CPU; CUDA-IPC device-uuid rewriting skips CPU tensors;
   tensors cross processes through the file-system sharing strategy; HF models reload with ``.to``.
@@ -66,6 +67,11 @@ def _none(*_a: Any, **_k: Any) -> None:
     return None
 
 
+def fake_gpus() -> int:
+    """Ray "GPUs" this host pretends to have (``RMX_FAKE_GPUS``, default 1; 2 for a disaggregated job)."""
+    return int(os.environ.get("RMX_FAKE_GPUS", "1"))
+
+
 def _patch_platform(mod: Any) -> None:
     import torch
 
@@ -80,6 +86,7 @@ def _patch_platform(mod: Any) -> None:
                  "device_memory_used"):
         setattr(cls, name, staticmethod(_zero))
     cls.mem_get_info = staticmethod(lambda *a, **k: (0, 0))
+    cls.device_count = staticmethod(fake_gpus)
     cls.get_rng_state = staticmethod(lambda *a, **k: torch.random.get_rng_state())
 
     class _Random:

@@ -68,7 +68,12 @@ def build(args: argparse.Namespace) -> Any:
     import dacite
     from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 
-    cfg = dacite.from_dict(RLVRConfig, rlvr_config(Path(args.assets), Path(args.workdir), args.steps, args.name, args.lr))
+    raw = rlvr_config(Path(args.assets), Path(args.workdir), args.steps, args.name, args.lr)
+    if args.disaggregated:  # actor_infer on a device of its own (fake GPU 1): ROLL's separated model update
+        os.environ["RMX_FAKE_GPUS"] = "2"  # before Ray starts: its workers inherit it
+        raw["num_gpus_per_node"] = 2
+        raw["actor_infer"]["device_mapping"] = "[1]"
+    cfg = dacite.from_dict(RLVRConfig, raw)
     # ROLL's config asserts a vllm/sglang actor_infer; on CPU the same worker runs hf_infer (harness report 4.1-2).
     cfg.actor_infer.strategy_args.strategy_name = "hf_infer"
     cfg.actor_infer.worker_cls = "cpu_patches.CpuInferWorker"
@@ -83,7 +88,8 @@ def start_ray() -> None:
         from roll.platforms import current_platform
         from roll.utils.constants import RAY_NAMESPACE
 
-        ray.init(address="local", namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=16, num_gpus=1,
+        ray.init(address="local", namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=16,
+                 num_gpus=int(os.environ.get("RMX_FAKE_GPUS", "1")),
                  runtime_env={"env_vars": current_platform.get_custom_env_vars()})
         initialize.start_ray_cluster = lambda: False
     initialize.init()
@@ -122,6 +128,45 @@ def worker_patches(pipeline: object) -> dict[str, object]:
     return out
 
 
+def _digests(actor: Any, side: str) -> dict[str, str]:
+    """Runs inside a Ray actor: sha256 of every parameter's full bytes (trainer: all-gathered)."""
+    import hashlib
+
+    import torch
+
+    model = actor.strategy.unwrap_model() if side == "train" else actor.strategy.model
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.data.full_tensor() if hasattr(p.data, "full_tensor") else p.data
+        out[name] = hashlib.sha256(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                                   ).hexdigest()
+    return out
+
+
+def _nudge(actor: Any) -> None:
+    """Runs inside a trainer: add 1e-3 to every local shard (new weights no sync has delivered yet)."""
+    import torch
+
+    with torch.no_grad():
+        for _, p in actor.strategy.unwrap_model().named_parameters():
+            local = p.data.to_local() if hasattr(p.data, "to_local") else p.data
+            local.add_(1e-3)
+
+
+def weight_digests(pipeline: Any) -> dict[str, Any]:
+    """Sync once more (as a step would), then digest both sides: equal when the update delivered."""
+    import ray
+
+    def infer() -> list[dict[str, str]]:
+        return ray.get([w.__ray_call__.remote(_digests, "infer") for w in pipeline.actor_infer.workers])
+
+    ray.get([w.__ray_call__.remote(_nudge) for w in pipeline.actor_train.workers])  # the sync must carry these
+    before = infer()
+    metrics = pipeline.model_update(pipeline.pipeline_config.max_steps)
+    train = ray.get([w.__ray_call__.remote(_digests, "train") for w in pipeline.actor_train.workers])
+    return {"train": train[0], "infer_before": before, "infer": infer(), "sync_metrics": metrics}
+
+
 def wait_for_start(out: Path, start: Path, timeout_s: float = 900.0) -> None:
     """Tell the test this job is built, then wait until it says go."""
     out.with_suffix(".built").write_text(str(time.time()))
@@ -143,6 +188,9 @@ def parser(doc: str | None, name: str) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3, help="actor learning rate (tells two jobs apart)")
     p.add_argument("--start-file", help="once built, write OUT.built and wait for this file before run() "
                    "(lets a test start several jobs' first phases together)")
+    p.add_argument("--disaggregated", action="store_true", help="RLVR: actor_infer on its own (fake) device")
+    p.add_argument("--check-weights", action="store_true", help="after run(), nudge actor_train's weights, sync "
+                   "once more and write digests of both sides' weights, before and after (OUT's 'weights')")
     p.add_argument("--timing", action="store_true", help="also record the driver's spans, the seconds spent in "
                    "offload_states / load_states and (opted in) in permit calls (timing.py)")
     return p
@@ -164,9 +212,11 @@ def run_pipeline(args: argparse.Namespace, cfg: Any, pipeline_cls: Callable[[], 
     t_run = time.time()
     pipeline.run()
     t_done = time.time()
+    if args.check_weights:
+        timing["weights"] = weight_digests(pipeline)
     if args.timing:
         adapter = sys.modules.get("rollmux.adapters.roll")
-        timing = {"spans": spans.rows(), "states_s": states,
+        timing |= {"spans": spans.rows(), "states_s": states,
                   "permits": adapter.permit_log(pipeline) if adapter is not None else None}
     Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
                                           "run_s": t_done - t_run, "t_run": t_run, "t_done": t_done,
