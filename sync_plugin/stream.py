@@ -81,6 +81,7 @@ class SyncWorld:
 
     def __init__(self, world_id: str, store: Any, rank: int, size: int, backend: str, timeout_s: float) -> None:
         self.id, self.rank, self.size, self.backend = world_id, rank, size, backend
+        self._store = store  # rank 0 serves the store: it must live as long as the world
         self._pg: Any = None
         # torch names new groups by a process-wide counter, which differs between a trainer and a
         # rollout process (the job made other groups in each); ranks of one world must agree on

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,6 @@ class DriverSync:
     window_bytes: int
     timeout_s: float
     world_id: str | None = None
-    steps: list[dict[str, float]] = field(default_factory=list)
 
     def run(self) -> dict[str, float]:
         import ray
@@ -102,7 +101,6 @@ class DriverSync:
                 metrics[k] = metrics.get(k, 0.0) + v if k.endswith("bytes") else max(metrics.get(k, 0.0), v)
         metrics["rollmux_sync/seconds"] = time.perf_counter() - start
         metrics["rollmux_sync/windows"] = float(max((s["windows"] for s in states), default=0))
-        self.steps.append(metrics)
         return metrics
 
     def _wait_receivers(self, receivers: list[Any]) -> list[dict[str, Any]]:
@@ -111,8 +109,12 @@ class DriverSync:
         deadline = time.monotonic() + self.timeout_s
         while True:
             states = ray.get([w.__ray_call__.remote(_receive_state, self.world_id) for w in receivers])
-            if all(s["done"] for s in states) or time.monotonic() > deadline:
+            if all(s["done"] for s in states):
                 return states
+            if time.monotonic() > deadline:
+                pending = sum(not s["done"] for s in states)
+                raise TimeoutError(f"rollmux weight sync: {pending} of {len(states)} inference workers still "
+                                   f"receiving after {self.timeout_s:.0f} s (rpc_timeout)")
             time.sleep(POLL_S)
 
 
@@ -171,9 +173,7 @@ def _join(_actor: Any, world_id: str, host: str, port: int, rank: int, size: int
 
     store = _worlds.pop(world_id) if rank == 0 else connect_store(host, port, timeout_s)
     world = SyncWorld(world_id, store, rank, size, transport("auto"), timeout_s)
-    stream = WindowStream(world, n_trainers, window_bytes=window_bytes)
-    stream.store = store  # type: ignore[attr-defined]  # rank 0 serves it: keep it alive with the world
-    _worlds[world_id] = stream
+    _worlds[world_id] = WindowStream(world, n_trainers, window_bytes=window_bytes)
 
 
 def _send(actor: Any, world_id: str) -> dict[str, float]:
