@@ -82,12 +82,23 @@ PHASES = ("rollout", "train", "sync")
 """Phase names the shim accepts, in the coordinator's on-policy order Rollout(i) -> Train(i) -> Sync(i)."""
 
 
-def phase_pool(phase: str) -> str:
-    """The pool whose node a phase's permit holds: rollout runs on the rollout pool, train and sync
-    on the training pool (sync is part of T_train in the policy)."""
+COLOCATED_POOL = {"colocated-train": "train", "colocated-rollout": "rollout"}
+"""The one pool every phase of a co-located job runs on (``rollmux.model.Deployment`` values)."""
+
+
+def phase_pool(phase: str, deployment: str | None = None) -> str:
+    """The pool whose node a phase's permit holds. Disaggregated (the default): rollout runs on the
+    rollout pool, train and sync on the training pool (sync is part of T_train in the policy). A
+    co-located job runs every phase on one pool: "colocated-train" on training nodes,
+    "colocated-rollout" on rollout nodes (``rollmux.model.Deployment``)."""
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r} is not a RollMux phase: expected one of {', '.join(PHASES)}")
-    return "rollout" if phase == "rollout" else "train"
+    if deployment in (None, "", "disaggregated"):
+        return "rollout" if phase == "rollout" else "train"
+    if deployment in COLOCATED_POOL:
+        return COLOCATED_POOL[deployment]
+    raise ValueError(f"deployment={deployment!r} is not a RollMux deployment mode: expected disaggregated, "
+                     f"{' or '.join(COLOCATED_POOL)}")
 
 
 # ------------------------------------------------------------------------------ connection states

@@ -36,3 +36,10 @@ SIDECAR_SOCKET_TEMPLATE = "ROLLMUX_SIDECAR_SOCKET_TEMPLATE"
 ``/run/rollmux/{node}.sock``, when one host runs several nodes' sidecars): where a relocated rank
 re-attaches in place (``rollmux.relocate``). Unset: a rank whose node changes must be started on
 its new node by the job's launcher, from the checkpoint it wrote."""
+
+DEPLOYMENT = "ROLLMUX_DEPLOYMENT"
+"""Set by the adapters and ``rollmux.register``'s callers, not by users: the job's deployment mode
+(``rollmux.model.Deployment``: "disaggregated", "colocated-train" or "colocated-rollout"), handed to
+the job's workers with its token. It decides which pool's rank asks for each phase's permit: a
+co-located job's Rollout runs on its training (or rollout) nodes, so the rank there owns it.
+Default: this process's registration, else "disaggregated"."""

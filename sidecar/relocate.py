@@ -120,7 +120,7 @@ def _reattach(rt: object, node: str) -> object:
     rt.cache = None  # moves with the process: not dropped by the detach below
     shim.shutdown(job_done=False)
     shim.init(socket=template.format(node=node), job=rt.job, job_token=rt.token, rank=rt.rank,
-              permit_timeout_s=rt.timeout_s, event_log=rt.event_log)
+              permit_timeout_s=rt.timeout_s, event_log=rt.event_log, deployment=rt.deployment)
     new = shim._runtime  # noqa: SLF001
     assert new is not None
     new.cache, new.counters, new.relocation, new.relocated = cache, counters, known, done

@@ -112,6 +112,7 @@ class _Runtime:
     rank_id: str
     node_id: str
     pool: str
+    deployment: str | None = None  # the job's deployment mode: which pool's rank owns each phase (phase_pool)
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
     current: PhaseContext | None = None
     cache: Any = None  # rollmux.sidecar.state_cache.StateCache, created by register_state
@@ -129,7 +130,7 @@ class _Runtime:
 
 def init(*, socket: str | None = None, job: str | None = None, job_token: str | None = None,
          rank: int | None = None, permit_timeout_s: float | None = None, event_log: str | None = None,
-         connect_timeout_s: float = 15.0) -> bool:
+         deployment: str | None = None, connect_timeout_s: float = 15.0) -> bool:
     """Opt this process in (or not), attaching it to the node's sidecar. Idempotent.
 
     Every argument defaults to its environment variable (``rollmux.sidecar.env``); an explicit
@@ -143,6 +144,8 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
         rank: this process's rank in the job (``ROLLMUX_RANK``, else ``RANK``, else 0).
         permit_timeout_s: longest wait for one permit (``ROLLMUX_PERMIT_TIMEOUT_S``, else 600).
         event_log: file to append one JSON line per phase to (``ROLLMUX_EVENT_LOG``).
+        deployment: the job's deployment mode (``ROLLMUX_DEPLOYMENT``, else this process's
+            registration, else disaggregated): a co-located job's rank on its pool owns every phase.
         connect_timeout_s: how long to wait for the sidecar socket to accept.
 
     Returns:
@@ -172,7 +175,7 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
             rank = int(os.environ.get(env.RANK) or os.environ.get("RANK") or 0)
         timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
         _runtime = _attach(path, job, token, rank, timeout, event_log or os.environ.get(env.EVENT_LOG) or None,
-                           connect_timeout_s)
+                           connect_timeout_s, _deployment(deployment, job))
         _resolved = True
         return True
 
@@ -187,6 +190,19 @@ def _credentials(job: str | None, job_token: str | None) -> tuple[str, str]:
     return job, token
 
 
+def _deployment(explicit: str | None, job: str) -> str | None:
+    """The job's deployment mode: the argument, then the variable, then this process's registration."""
+    mode = explicit or os.environ.get(env.DEPLOYMENT) or None
+    reg = registration.current()
+    if mode is None and reg is not None and reg.job == job:
+        mode = reg.deployment
+    try:
+        phase_pool("rollout", mode)
+    except ValueError as exc:
+        raise ShimConfigError(f"{exc} ({env.DEPLOYMENT} or rollmux.init(deployment=...))") from None
+    return mode
+
+
 def _unreachable(path: str, why: str) -> SidecarUnreachableError:
     return SidecarUnreachableError(
         f"RollMux is opted in ({env.SIDECAR_SOCKET}={path}) but {why}. Start the node sidecar there "
@@ -195,7 +211,7 @@ def _unreachable(path: str, why: str) -> SidecarUnreachableError:
 
 
 def _attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_log: str | None,
-            connect_timeout_s: float) -> _Runtime:
+            connect_timeout_s: float, deployment: str | None) -> _Runtime:
     import grpc
 
     from rollmux.proto import sidecar_v1_pb2 as spb
@@ -221,7 +237,7 @@ def _attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_
         raise ShimConfigError(f"the sidecar at {path} refused job {job!r} rank {rank}: {exc.details()}") from None
     rt = _Runtime(socket=path, job=job, token=token, rank=rank, timeout_s=timeout_s, event_log=event_log, channel=channel,
                   stub=stub, stream=stream, rank_id=first.attached.rank_id, node_id=first.attached.node_id,
-                  pool=first.attached.pool)
+                  pool=first.attached.pool, deployment=deployment)
     threading.Thread(target=_watch, args=(rt,), name="rollmux-lease", daemon=True).start()
     return rt
 
@@ -391,7 +407,7 @@ def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
         raise RankLeaseError(f"rollmux.phase({name!r}) entered inside phase {rt.current.phase!r}: phases do "
                              "not nest; end the first one before starting the next")
     it = rt.counters[name] if iteration is None else iteration
-    owner = phase_pool(name) == rt.pool
+    owner = phase_pool(name, rt.deployment) == rt.pool
     ctx = PhaseContext(phase=name, iteration=it, owner=owner, lease=None, t_request=time.time())
     if owner:
         resp = _rpc(rt, "Acquire", spb.AcquireRequest(rank_id=rt.rank_id, phase=name, iteration=it,
@@ -594,15 +610,18 @@ class RankHandle:
 
 
 def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_timeout_s: float | None = None,
-                event_log: str | None = None, connect_timeout_s: float = 15.0) -> RankHandle:
-    """Attach one more rank of the job, from this process, to the sidecar at `socket`.
+                event_log: str | None = None, deployment: str | None = None,
+                connect_timeout_s: float = 15.0) -> RankHandle:
+    """Attach one more rank of the job, from this process, to the sidecar at `socket` (`deployment`
+    as for :func:`init`).
 
     Raises:
         SidecarUnreachableError: nothing answers on `socket`.
         ShimConfigError: the sidecar refused the job or rank.
     """
     timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
-    return RankHandle(_attach(socket, job, job_token, rank, timeout, event_log, connect_timeout_s))
+    return RankHandle(_attach(socket, job, job_token, rank, timeout, event_log, connect_timeout_s,
+                              _deployment(deployment, job)))
 
 
 __all__ = ["PhaseContext", "RankHandle", "Registration", "RegistrationError", "attach_rank", "enabled", "init",

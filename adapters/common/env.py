@@ -1,7 +1,7 @@
 """Environment variables of the framework adapters, each named once.
 
 The opt-in and the job's identity are the execution plane's (``rollmux.sidecar.env``:
-``ROLLMUX_SIDECAR_SOCKET``, ``ROLLMUX_JOB``, ``ROLLMUX_JOB_TOKEN``); the ones below are the
+``ROLLMUX_SIDECAR_SOCKET``, ``ROLLMUX_JOB``, ``ROLLMUX_JOB_TOKEN``, ``ROLLMUX_DEPLOYMENT``); the ones below are the
 adapters' own. None of them carries a secret.
 """
 
@@ -19,7 +19,3 @@ ROLLOUT_SIDECAR_SOCKET = "ROLLMUX_ROLLOUT_SIDECAR_SOCKET"
 """Optional: the rollout pool's sidecar socket for a disaggregated job whose trainer loop runs on a
 training node of the same host (single-machine setups run one sidecar per pool on one host).
 Default: the rollout phase is gated through ``ROLLMUX_SIDECAR_SOCKET``."""
-
-DEPLOYMENT = "ROLLMUX_DEPLOYMENT"
-"""Set by the adapter, not by users: the deployment mode the coordinator chose at registration
-("disaggregated" or "colocated"), handed to the job's Ray actors with the token."""

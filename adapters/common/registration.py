@@ -154,11 +154,15 @@ def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:
     """
     token = os.environ.get(env.JOB_TOKEN, "")
     if token:
-        return JobIdentity(job=os.environ.get(env.JOB) or spec.name, token=token, relayed=False)
+        return JobIdentity(job=os.environ.get(env.JOB) or spec.name, token=token, relayed=False,
+                           deployment=os.environ.get(env.DEPLOYMENT) or (
+                               "disaggregated" if spec.deployment is None else spec.deployment.value))
     from rollmux.sidecar.registration import register as relay
 
     reg = relay(spec, socket=socket_path(), timeout_s=timeout_s)
-    return JobIdentity(job=reg.job, token=reg.token, deployment=reg.deployment or "disaggregated", relayed=True)
+    fixed = None if spec.deployment is None else spec.deployment.value
+    return JobIdentity(job=reg.job, token=reg.token, deployment=reg.deployment or fixed or "disaggregated",
+                       relayed=True)
 
 
 def job_env(identity: JobIdentity, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -167,7 +171,7 @@ def job_env(identity: JobIdentity, environ: Mapping[str, str] | None = None) -> 
     src = os.environ if environ is None else environ
     out = {k: src[k] for k in PROPAGATED if src.get(k)}
     out[env.JOB] = identity.job
-    out[adapter_env.DEPLOYMENT] = identity.deployment
+    out[env.DEPLOYMENT] = identity.deployment
     return out
 
 

@@ -161,6 +161,7 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
     session.gates = start_gates(
         sockets={"rollout": rollout_socket, "train": socket_path()}, job=session.identity.job,
         token=session.identity.token, permit_timeout_s=float(timeout) if timeout else None,
+        deployment=session.identity.deployment,
         node_ids={"rollout": _node_of(getattr(instance, "actor_infer", None)),
                   "train": _node_of(getattr(instance, "actor_train", None))})
     return result

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from rollmux.adapters.roll.phases import Action, Step
-from rollmux.sidecar.api import phase_pool
+from rollmux.sidecar.api import PHASES, phase_pool
 
 POOLS = ("rollout", "train")
 
@@ -30,11 +30,13 @@ def gate_name(pool: str) -> str:
 class PoolGate:
     """The body of the per-pool gate actor (wrapped with ``ray.remote`` by :func:`start_gates`)."""
 
-    def __init__(self, *, socket: str, job: str, token: str, rank: int, permit_timeout_s: float | None) -> None:
+    def __init__(self, *, socket: str, job: str, token: str, rank: int, permit_timeout_s: float | None,
+                 deployment: str) -> None:
         from rollmux.sidecar import shim
 
         self._shim = shim
-        shim.init(socket=socket, job=job, job_token=token, rank=rank, permit_timeout_s=permit_timeout_s)
+        shim.init(socket=socket, job=job, job_token=token, rank=rank, permit_timeout_s=permit_timeout_s,
+                  deployment=deployment)
         self._ctx: Any = None
 
     def enter(self, phase: str, iteration: int) -> dict[str, Any]:
@@ -66,6 +68,7 @@ class Gates:
     """The driver's handles on the job's gate actors; runs a tracker's steps in order."""
 
     actors: dict[str, Any]
+    deployment: str = "disaggregated"  # the job's mode: which pool's gate opens each phase (phase_pool)
     log: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
     """(action, phase, iteration, seconds the driver waited for the gate) of every step run."""
 
@@ -73,7 +76,7 @@ class Gates:
         import ray
 
         for s in steps:
-            gate = self.actors[phase_pool(s.phase)]
+            gate = self.actors[phase_pool(s.phase, self.deployment)]
             t0 = time.perf_counter()
             if s.action is Action.OPEN:
                 ray.get(gate.enter.remote(s.phase, s.iteration))
@@ -91,8 +94,9 @@ class Gates:
 
 
 def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict[str, str | None],
-                permit_timeout_s: float | None) -> Gates:
-    """Start one gate actor per pool on that pool's node and wait until each is attached.
+                permit_timeout_s: float | None, deployment: str = "disaggregated") -> Gates:
+    """Start one gate actor per pool the job's phases run on (both pools when disaggregated, the one
+    pool of a co-located job) on that pool's node, and wait until each is attached.
 
     Args:
         sockets: pool -> the sidecar socket path on that pool's node.
@@ -107,18 +111,19 @@ def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict
 
     cls = ray.remote(num_cpus=0, max_concurrency=4)(PoolGate)
     actors = {}
-    for rank, pool in enumerate(POOLS):
+    used = {phase_pool(p, deployment) for p in PHASES}
+    for rank, pool in enumerate(p for p in POOLS if p in used):
         node = node_ids.get(pool)
         opts: dict[str, Any] = {"name": gate_name(pool), "get_if_exists": False}
         if node:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         actors[pool] = cls.options(**opts).remote(socket=sockets[pool], job=job, token=token, rank=rank,
-                                                  permit_timeout_s=permit_timeout_s)
+                                                  permit_timeout_s=permit_timeout_s, deployment=deployment)
     try:
         ray.get([a.__ray_ready__.remote() for a in actors.values()], timeout=120)
     except ray.exceptions.RayActorError as exc:
         raise _unwrap(exc) from None
-    return Gates(actors=actors)
+    return Gates(actors=actors, deployment=deployment)
 
 
 def _unwrap(exc: Exception) -> Exception:

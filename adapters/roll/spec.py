@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.adapters.common.registration import job_name, phase_times, slo
-from rollmux.model import JobSpec
+from rollmux.model import Deployment, JobSpec
 
 _BYTES_PER_PARAM = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "bfloat16": 2, "float16": 2}
 
@@ -45,8 +45,17 @@ def _turn_tokens(cfg: Any, env_mgr: Any) -> int:
     return min([c for c in caps if c > 0], default=1)
 
 
+def deployment(cfg: Any) -> Deployment:
+    """The job's own deployment mode, fixed by its device mappings: actor_infer sharing GPUs with
+    actor_train is co-located on the training pool (ROLL's default); disjoint mappings are disaggregated."""
+    infer = set(getattr(getattr(cfg, "actor_infer", None), "device_mapping", None) or [])
+    train = set(getattr(getattr(cfg, "actor_train", None), "device_mapping", None) or [])
+    return Deployment.COLOCATED_TRAIN if infer & train else Deployment.DISAGGREGATED
+
+
 def job_spec(cfg: Any) -> JobSpec:
-    """The job as the coordinator models it: GPUs per pool, model size, tokens, batch, turns.
+    """The job as the coordinator models it: GPUs per pool, model size, tokens, batch, turns, and its
+    deployment mode (ROLL builds its clusters from the config, so the mode is the job's, not chosen).
 
     Phase times are ``ROLLMUX_PHASE_S`` when set, else left to the coordinator's profiler; the
     measured ones refine them as the job runs. ``ROLLMUX_JOB`` names the job (default: ROLL's ``exp_name`` plus a unique suffix).
@@ -62,4 +71,4 @@ def job_spec(cfg: Any) -> JobSpec:
     return JobSpec(name=job_name(str(getattr(cfg, "exp_name", "") or "roll")), n_rollout_gpus=_gpus(infer),
                    n_train_gpus=_gpus(train), slo=slo(), model_params_b=_model_params_b(cfg),
                    max_tokens=max_tokens, batch_size=max(batch, 1), turns=max(turns, 1), t_roll_s=t_roll,
-                   t_train_s=t_train)
+                   t_train_s=t_train, deployment=deployment(cfg))

@@ -42,12 +42,21 @@ def wrap_vllm_offload(wrapped: Callable[..., Any], instance: Any, args: tuple[An
     return offload()
 
 
+def _rollout_gate() -> Any:
+    """The gate that holds the job's Rollout permit: the rollout pool's, or, in a co-located job (whose
+    only gate is the training pool's), the training pool's."""
+    import ray
+
+    try:
+        return ray.get_actor(gate_name("rollout"))
+    except ValueError:  # no such actor
+        return ray.get_actor(gate_name("train"))
+
+
 def report_progress(finished: int, total: int) -> None:
     """Send rollout progress to the job's rollout gate (fire and forget; never fails the rollout)."""
     try:
-        import ray
-
-        gate = ray.get_actor(gate_name("rollout"))
+        gate = _rollout_gate()
         gate.progress.remote(int(finished), int(total))
     except Exception as exc:  # progress is advisory: a missing gate must not stop generation
         log.debug("rollmux: rollout progress not reported: %s", exc)

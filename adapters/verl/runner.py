@@ -6,7 +6,8 @@ trainer methods are only called in that process), it attaches this process to th
 rank 0 of the job, from the variables the driver put into the job's runtime environment and the
 token it published in the job's Ray instance. The
 rollout phase of a disaggregated job is gated on the rollout pool's sidecar through a second rank
-when ``ROLLMUX_ROLLOUT_SIDECAR_SOCKET`` names one.
+when ``ROLLMUX_ROLLOUT_SIDECAR_SOCKET`` names one; a co-located job (veRL's hybrid engine) asks for
+every permit, Rollout included, on its training node (``ROLLMUX_DEPLOYMENT``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.phases import Gate, PhaseRecord
 from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.sidecar import env
+from rollmux.sidecar.api import phase_pool
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +151,8 @@ def _start() -> Runner:
     shim.init(job=job, job_token=token)  # rank 0 on this node's sidecar (ROLLMUX_SIDECAR_SOCKET)
     rollout_socket = os.environ.get(adapter_env.ROLLOUT_SIDECAR_SOCKET, "")
     rank = None
-    if rollout_socket and rollout_socket != os.environ.get(env.SIDECAR_SOCKET):
+    disaggregated = phase_pool("rollout", os.environ.get(env.DEPLOYMENT)) == "rollout"
+    if disaggregated and rollout_socket and rollout_socket != os.environ.get(env.SIDECAR_SOCKET):
         rank = shim.attach_rank(socket=rollout_socket, job=job, job_token=token, rank=1,
                                 event_log=os.environ.get(env.EVENT_LOG) or None)
     own = ShimGate()

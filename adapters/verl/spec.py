@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from rollmux.model import JobSpec
+from rollmux.model import Deployment, JobSpec
 
 _BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
@@ -81,4 +81,6 @@ def job_spec(cfg: Any, *, name: str, slo: float, params: int | None = None,
         rollout_state_bytes=weight_bytes,  # host copy of the rollout weights (warm start)
         train_state_bytes=count * 16,  # fp32 master weights + Adam moments + gradients
         t_roll_s=phase_s[0], t_train_s=phase_s[1],
+        # veRL builds its resource pools from the config: the job's own mode is a constraint
+        deployment=Deployment.DISAGGREGATED if disaggregated(cfg) else Deployment.COLOCATED_TRAIN,
     )

@@ -76,9 +76,10 @@ def register(coordinator: ThreadedServer, name: str) -> str:
     return str(CoordinatorClient(coordinator.address).register_job(spec).token)
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60,
+               args: list[str] | None = None) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
     e["PYTHONPATH"] = str(REPO)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=e, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code, *(args or [])], cwd=REPO, env=e, capture_output=True, text=True,
                           timeout=timeout)

@@ -50,6 +50,8 @@ class Admission(GrantQueues):
         self.meta.seq += 1
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
                         seq=self.meta.seq, relayed_by=relayed_by)
+        if spec.deployment is not None:  # a fixed mode is known (and returned) before admission
+            job.deployment = spec.deployment.value
         self.jobs[spec.name] = job
         self._touch("meta", self.meta)
         self._touch(f"job/{spec.name}", job)

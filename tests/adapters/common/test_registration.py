@@ -79,6 +79,19 @@ def test_phase_times_are_read_and_reach_the_spec(monkeypatch: pytest.MonkeyPatch
     assert job_spec(cfg, name="j", slo=2.0, params=10**9).t_roll_s is None  # left to the coordinator's estimate
 
 
+@pytest.mark.parametrize(("rollout", "mode"), [({}, "colocated-train"), ({"nnodes": 1, "n_gpus_per_node": 2}, "disaggregated")])
+def test_a_verl_job_registers_its_own_deployment_mode(rollout: dict, mode: str) -> None:  # type: ignore[type-arg]
+    """veRL's hybrid engine (the default) rolls out on the training GPUs; a standalone rollout pool
+    (``rollout.nnodes > 0``) is disaggregated. veRL builds its pools from the config: a constraint."""
+    from rollmux.adapters.verl.spec import job_spec
+
+    cfg = {"actor_rollout_ref": {"model": {"path": "unused"}, "rollout": rollout},
+           "trainer": {"nnodes": 1, "n_gpus_per_node": 2}}
+    spec = job_spec(cfg, name="j", slo=2.0, params=10**9)
+    assert spec.deployment is not None and spec.deployment.value == mode
+    assert (spec.n_train_gpus, spec.n_rollout_gpus) == (2, 2)
+
+
 @pytest.fixture(scope="module")
 def secured_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A coordinator with a bootstrap secret and two sidecars started with --secret-file (as the chart)."""

@@ -40,3 +40,14 @@ def test_declared_phase_times_reach_the_spec(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("ROLLMUX_PHASE_S", "3,2")
     spec = job_spec(NS(exp_name="x", rollout_batch_size=4, response_length=8, **_workers(8)))
     assert (spec.t_roll_s, spec.t_train_s) == (3.0, 2.0)
+
+
+@pytest.mark.parametrize(("infer", "train", "mode"), [([0], [0, 1], "colocated-train"), ([0, 1], [0, 1], "colocated-train"),
+                                                       ([1], [0], "disaggregated")])
+def test_the_device_mappings_fix_the_deployment_mode(infer: list[int], train: list[int], mode: str) -> None:
+    """ROLL builds its clusters from the config, so the job registers its own mode as a constraint:
+    actor_infer sharing a GPU with actor_train rolls out on the training pool."""
+    spec = job_spec(NS(exp_name="x", rollout_batch_size=4, response_length=8,
+                       actor_infer=NS(device_mapping=infer, generating_args=NS(max_new_tokens=8)),
+                       actor_train=NS(device_mapping=train)))
+    assert spec.deployment is not None and spec.deployment.value == mode
