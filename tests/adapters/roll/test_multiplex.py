@@ -226,8 +226,8 @@ def test_phases_interleave_one_job_per_node_in_on_policy_order(runs: dict[str, A
     mine = {job: [r for r in runs["records"] if r["job"] == job] for job in ("mux-a", "mux-b", "mux-g")}
     for job, recs in mine.items():
         assert [(r["phase"], r["iteration"]) for r in recs] == ORDER, (job, recs)
-        pools = {r["phase"]: r["node"] for r in recs}
-        assert pools["rollout"] == "r0" and pools["train"] == pools["sync"] == "t0", (job, pools)
+        pools = {r["phase"]: r["node"] for r in recs}  # actor_infer shares actor_train's GPU: co-located
+        assert pools == {"rollout": "t0", "train": "t0", "sync": "t0"}, (job, pools)
     assert _interleaved(mine["mux-a"], mine["mux-b"]), "the two RLVR jobs ran one after the other"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .testbed import Pools, build_assets, launch, roll_unavailable
+from .testbed import Pools, build_assets, launch, phase_records, roll_unavailable
 
 _reason = roll_unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
@@ -29,7 +29,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         job = launch("dis-a", wd, disaggregated=True, check_weights=True,
                      extra_env={**pools.job_env(wd / "events.jsonl"), "ROLLMUX_JOB": "dis-a"})
-        return job.wait(timeout_s=600)
+        return {**job.wait(timeout_s=600), "records": phase_records(wd / "events.jsonl")}
     finally:
         pools.stop()
 
@@ -48,3 +48,11 @@ def test_the_inference_worker_gets_the_trained_weights_bit_for_bit(run: dict[str
     assert len(w["train"]) > 10
     assert all(before != w["train"] for before in w["infer_before"])  # the harness nudged actor_train's weights
     assert w["infer"] == [w["train"]] * len(w["infer"])
+
+
+def test_a_disaggregated_job_rolls_out_on_the_rollout_pool(run: dict[str, Any]) -> None:
+    """actor_infer and actor_train on disjoint GPUs: the job registers disaggregated, so its Rollout
+    permit is held on the rollout node and Train and Sync on the training node."""
+    assert run["rc"] == 0, run["log_tail"]
+    nodes = {(r["phase"], r["node"]) for r in run["records"]}
+    assert nodes == {("rollout", "r0"), ("train", "t0"), ("sync", "t0")}, nodes

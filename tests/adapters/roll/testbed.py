@@ -35,12 +35,16 @@ ROLL_VENV = REPO / ".venv-roll"
 ROLL_PY = ROLL_VENV / "bin" / "python"
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 VOLATILE = ("time/", "tps", "memory", "/mem", "timer", "lr")
+"""Metric name parts that measure wall time, throughput or memory (differ between any two runs)."""
 PHASE_S = "3,2"
 """Solo rollout and train seconds of a harness job on this CPU, as a user declares them from a run alone
 (``ROLLMUX_PHASE_S``). The profiler's estimate for these tiny models is microseconds, where the fixed
 cost of every phase switch dominates the SLO check, so that jobs beside two or three others would never
 be admitted and would wait for one of them to finish."""
-"""Metric name parts that measure wall time, throughput or memory (differ between any two runs)."""
+SLO = "5.0"
+"""The harness jobs' SLO. Their actor_infer shares actor_train's GPU, so each registers co-located on
+the training pool, and four of them take turns on one training node for every phase: each runs at
+about a quarter of its solo speed, so SLO 5 (with the phase-switch cost) admits all four in one group."""
 
 
 def roll_unavailable() -> str | None:
@@ -97,7 +101,7 @@ class Pools:
         """What the platform sets in an opted-in job's environment: the sockets, the SLO and the solo phase
         times a user declares from a run alone (``PHASE_S``)."""
         return {env.SIDECAR_SOCKET: self.sockets["train"], "ROLLMUX_ROLLOUT_SIDECAR_SOCKET": self.sockets["rollout"],
-                env.EVENT_LOG: str(event_log), "ROLLMUX_SLO": "3.0", "ROLLMUX_PHASE_S": PHASE_S}
+                env.EVENT_LOG: str(event_log), "ROLLMUX_SLO": SLO, "ROLLMUX_PHASE_S": PHASE_S}
 
     def stop(self) -> None:
         for agent, server in self.parts:

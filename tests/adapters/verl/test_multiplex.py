@@ -106,6 +106,8 @@ def test_both_jobs_finish_interleaved_with_mutual_exclusion_and_on_policy_order(
         assert owned == [(p, i) for i in range(2) for p in ("rollout", "train", "sync")], owned
     assert runs["watch"].together == {"v1job", "legacyjob", VICTIM}, \
         f"the jobs never shared one group: {runs['watch'].together}; waited: {runs['watch'].waited}"
+    for name in ("v1job", "legacyjob"):  # veRL's hybrid engine: co-located, every phase on the training node
+        assert {s.node for s in sp if s.job == name} == {"train-0"}, [(s.phase, s.node) for s in sp if s.job == name]
     order = [s.job for s in sp if s.node == "train-0" and s.job != VICTIM]
     assert order != sorted(order), f"the jobs were not interleaved on train-0: {order}"
     assert set(runs["left"]) <= {VICTIM}, "finished jobs were not deregistered"
