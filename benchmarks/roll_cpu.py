@@ -7,11 +7,14 @@ CPU harness of ``tests/adapters/roll``: tiny model, fsdp2_train on gloo, hf_infe
 at once, each waiting on its own start file, then run one scenario at a time so that no two
 scenarios share the 2 cores:
 
-1. ``u-a`` alone, variable unset (plain ROLL);
-2. ``o-a`` alone, opted in (redis-server + coordinator + a rollout-node and a training-node sidecar,
-   one set per scenario);
-3. ``o-b`` alone, opted in (another learning rate); 2 + 3 are the *sequential* baseline;
-4. ``m-a`` and ``m-b`` together, opted in (*multiplexed*).
+1. ``u-a`` alone, variable unset (plain ROLL; actor_infer on actor_train's GPU, ROLL's default);
+2. ``o-a`` alone, opted in, the same job (it registers co-located on the training pool; redis-server +
+   coordinator + a rollout-node and a training-node sidecar, one set per scenario); 1 + 2 give the overhead;
+3. ``d-a`` then ``d-b`` alone, opted in, disaggregated (actor_train on fake GPU 0, actor_infer on fake
+   GPU 1: rollout on the rollout node, weights through the sync plugin; ``d-b`` another learning rate):
+   the *sequential* baseline;
+4. ``m-a`` and ``m-b``, the same two disaggregated jobs together, opted in (*multiplexed*: one job's
+   rollout on the rollout node while the other trains on the training node).
 
 Figures, each a ratio from this one run:
 
@@ -95,17 +98,17 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
     would hold up the jobs that run.
     """
     build_assets(wd)
-    scenario = {"o-a": "o-a", "o-b": "o-b", "m-a": "m", "m-b": "m"}
+    scenario = {"o-a": "o-a", "d-a": "d-a", "d-b": "d-b", "m-a": "m", "m-b": "m"}
     pools: dict[str, Pools] = {}
     jobs: dict[str, Job] = {}
     try:
-        for sc in ("o-a", "o-b", "m"):
+        for sc in ("o-a", "d-a", "d-b", "m"):
             (wd / f"pools-{sc}").mkdir(exist_ok=True)
             pools[sc] = Pools(wd / f"pools-{sc}").start()
         jobs["u-a"] = launch("u-a", wd, steps=steps, lr=LR["a"], start_file=_go(wd, "u-a"), timing=True)
         for name, sc in scenario.items():
             jobs[name] = launch(name, wd, steps=steps, lr=LR[name[-1]], start_file=_go(wd, sc), timing=True,
-                                extra_env={**pools[sc].job_env(wd / f"events-{sc}.jsonl"), "ROLLMUX_JOB": name})
+                                disaggregated=name[0] in "dm", extra_env={**pools[sc].job_env(wd / f"events-{sc}.jsonl"), "ROLLMUX_JOB": name})
         t0 = time.monotonic()
         print(f"[roll_cpu] building {len(jobs)} ROLL jobs at once (a few minutes on 2 cores)", flush=True)
         try:
@@ -114,7 +117,7 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
             raise SystemExit(str(exc)) from None
         print(f"[roll_cpu] built in {time.monotonic() - t0:.0f} s", flush=True)
         res: dict[str, dict[str, Any]] = {}
-        for name in ("u-a", "o-a", "o-b"):
+        for name in ("u-a", "o-a", "d-a", "d-b"):
             print(f"[roll_cpu] running {name} alone", flush=True)
             res.update(_run([jobs[name]], _go(wd, name), timeout_s))
         print("[roll_cpu] running m-a and m-b multiplexed", flush=True)
@@ -124,7 +127,7 @@ def measure(wd: Path, steps: int, timeout_s: float) -> dict[str, Any]:
             j.kill()
         for p in pools.values():
             p.stop()
-    records = [r for sc in ("o-a", "o-b", "m") for r in phase_records(wd / f"events-{sc}.jsonl")]
+    records = [r for sc in ("o-a", "d-a", "d-b", "m") for r in phase_records(wd / f"events-{sc}.jsonl")]
     return {"res": res, "records": records}
 
 
@@ -153,19 +156,19 @@ def report(m: dict[str, Any], steps: int) -> tuple[list[str], bool]:
     res, recs = m["res"], m["records"]
     wall = {n: r["run_s"] for n, r in res.items()}
     over_lines, over_ex = _overhead(res, steps)
-    seq = (min(res["o-a"]["t_run"], res["o-b"]["t_run"]), max(res["o-a"]["t_done"], res["o-b"]["t_done"]))
-    seq_makespan = wall["o-a"] + wall["o-b"]
+    seq = (min(res["d-a"]["t_run"], res["d-b"]["t_run"]), max(res["d-a"]["t_done"], res["d-b"]["t_done"]))
+    seq_makespan = wall["d-a"] + wall["d-b"]
     mux = (min(res["m-a"]["t_run"], res["m-b"]["t_run"]), max(res["m-a"]["t_done"], res["m-b"]["t_done"]))
     ratio = (mux[1] - mux[0]) / seq_makespan
     lines = [
         f"steps per job: {steps}",
         *over_lines,
-        f"sequential makespan (o-a then o-b): {seq_makespan:7.2f} s",
-        f"multiplexed makespan (m-a + m-b):   {mux[1] - mux[0]:7.2f} s   ratio {ratio:.3f} "
+        f"sequential makespan (d-a then d-b, disaggregated): {seq_makespan:7.2f} s",
+        f"multiplexed makespan (m-a + m-b):                  {mux[1] - mux[0]:7.2f} s   ratio {ratio:.3f} "
         f"(target < {TARGET_MAKESPAN:.1f})",
-        f"per-job slowdown: a {wall['m-a'] / wall['o-a']:.2f}x, b {wall['m-b'] / wall['o-b']:.2f}x",
+        f"per-job slowdown: a {wall['m-a'] / wall['d-a']:.2f}x, b {wall['m-b'] / wall['d-b']:.2f}x",
         "busy fraction per pool (r0 = rollout, t0 = training): sequential "
-        + ", ".join(f"{n} {v:.2f}" for n, v in busy(recs, {"o-a", "o-b"}, seq).items())
+        + ", ".join(f"{n} {v:.2f}" for n, v in busy(recs, {"d-a", "d-b"}, seq).items())
         + " (over the sequential window incl. the gap between the runs)"
         + "; multiplexed " + ", ".join(f"{n} {v:.2f}" for n, v in busy(recs, {"m-a", "m-b"}, mux).items()),
     ]
