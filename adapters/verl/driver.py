@@ -20,6 +20,7 @@ from typing import Any
 from rollmux.adapters.common import registration
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.adapters.verl import spec as verl_spec
+from rollmux.adapters.verl import sync_backend
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def runtime_env_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwar
     if config is None:
         return runtime_env
     ident = register_from_config(config)
+    sync_backend.choose_default(config)  # before veRL pickles the config for its TaskRunner
     runtime_env.setdefault("env_vars", {}).update(registration.job_env(ident))
     _hook_next_ray_init(ident)
     return runtime_env

@@ -4,14 +4,24 @@ The backend module imports veRL and torch, so it is imported from a post-import 
 ``verl.checkpoint_engine`` (whose ``CheckpointEngineRegistry`` it joins), never from the plugin
 entry point, which runs while ``verl`` is half-imported. A job that is not opted in can still pick
 the backend through veRL's own ``checkpoint_engine.custom_backend_module`` option.
+
+Opted in, the backend is the default for disaggregated jobs (:func:`choose_default`): veRL's own
+default, ``naive``, only updates colocated (hybrid-engine) replicas in process.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from types import ModuleType
+from typing import Any
 
 from rollmux.adapters.common import hooks
+from rollmux.adapters.verl import spec as verl_spec
+
+log = logging.getLogger(__name__)
+BACKEND = "rollmux"
+VERL_DEFAULT = "naive"
 
 ENGINE_MODULE = "rollmux.adapters.verl.checkpoint_engine"
 """Importing it registers the backend (``...checkpoint_engine.custom_backend_module`` takes it too)."""
@@ -24,3 +34,18 @@ def install() -> None:
 
 def _register(module: ModuleType) -> None:
     importlib.import_module(ENGINE_MODULE)
+
+
+def choose_default(config: Any) -> str | None:
+    """Select the ``rollmux`` backend for a disaggregated job left on veRL's default; returns the
+    backend the job uses (None: the config has no checkpoint-engine section). A backend the user
+    chose (nccl, nixl, ...) and every colocated job are left as they are."""
+    engine = verl_spec.get(config, "actor_rollout_ref.rollout.checkpoint_engine")
+    if engine is None:
+        return None
+    backend = verl_spec.get(engine, "backend") or VERL_DEFAULT
+    if backend == VERL_DEFAULT and verl_spec.disaggregated(config):
+        engine["backend"] = backend = BACKEND
+        log.warning("RollMux: disaggregated job: actor_rollout_ref.rollout.checkpoint_engine.backend=%s "
+                    "(veRL's default %r updates colocated replicas only)", BACKEND, VERL_DEFAULT)
+    return str(backend)
