@@ -14,7 +14,10 @@ Needs a source checkout (the harness lives in tests/adapters/verl/harness/) and
    on its own, with GB/s = state bytes / measured seconds. The seconds are the adapter's own
    measurements (its ``offload``/``reload`` records); the bytes are derived from the model file
    (fp32 parameters, gradients and two Adam moments), not counted inside the worker. On this CPU box
-   the state already lives in host memory, so that figure is the cost of the RPC, not a copy rate;
+   the state already lives in host memory, so that figure is the cost of the RPC, not a copy rate.
+   Beside it, RollMux's ``StateCache`` offloads and reloads the same state (the model file loaded with
+   transformers, gradients and AdamW moments after one step) in this process: the other path the
+   adapter could take, timed on the same bytes (median of ``--cache-repeats``);
 4. jobs A and B multiplexed (started together, both opted in): makespan ratio (target < 1), per-job
    slowdown (multiplexed step / unset step) and the busy fraction of each pool from the phase
    records, next to the busy fraction of job A alone (run 3).
@@ -94,6 +97,33 @@ def state_bytes(model_dir: Path) -> int:
     return numel * 4 * STATE_COPIES
 
 
+def state_cache_times(model_dir: Path, repeats: int) -> tuple[float, float, int]:
+    """Median StateCache offload and reload seconds (whole calls) and bytes for the job's trainer state:
+    the model's fp32 parameters, their gradients and AdamW's two moments after one step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollmux.sidecar.state_cache import StateCache
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    for p in model.parameters():  # own the storages (the loader maps the file), as a trained model does
+        p.data = p.data.clone()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    cache = StateCache("verl-bench")
+    cache.register_module("actor", model)
+    cache.register_optimizer("adamw", opt)
+    off, on = [], []
+    for _ in range(repeats):
+        off.append(cache.offload())
+        on.append(cache.reload())
+    cache.release()
+    return (statistics.median(c.total_s for c in off), statistics.median(c.total_s for c in on), off[0].nbytes)
+
+
 def collect(fin: Any, job_mod: Any, events: list[dict[str, Any]]) -> Run:
     """A Run from a finished harness job and the adapter records of the run it was in."""
     log = fin.job.workdir / "job.log"
@@ -136,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="folder for job logs and phase records (default: a temp dir)")
     ap.add_argument("--gantt", action="store_true", help="also draw OUT/gantt.png of the multiplexed run")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed or a job failed")
+    ap.add_argument("--cache-repeats", type=int, default=21, help="StateCache offload/reload rounds (median)")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -207,6 +238,11 @@ def report_all(args: argparse.Namespace, out: Path, model: Path, records: list[d
         f"{k} {(v - base[k]) * 1e3:+.0f}" for k, v in alone.timings if k in base and k != "step"))
     print(row("  offload per step", alone.offload_s, None, "s", f"{gbps['offload']:.3f} GB/s"))
     print(row("  reload per step", alone.reload_s, None, "s", f"{gbps['reload']:.3f} GB/s"))
+    cache_off, cache_on, cache_bytes = state_cache_times(model, args.cache_repeats)
+    print(row("  StateCache offload, same state (vs to cpu)", cache_off, alone.offload_s, "s",
+              f"{cache_bytes / cache_off / 1e9:.3f} GB/s, in-process"))
+    print(row("  StateCache reload, same state (vs to device)", cache_on, alone.reload_s, "s",
+              f"{cache_bytes / cache_on / 1e9:.3f} GB/s, in-process"))
     print(row("A+B makespan: multiplexed (vs sequential)", muxed, sequential, "s", f"< {TARGET_MAKESPAN:g}x"))
     print(row("  A step multiplexed (vs A unset)", mux_a.step_s, solo_a.step_s, "s", "slowdown"))
     print(row("  B step multiplexed (vs B unset)", mux_b.step_s, solo_b.step_s, "s", "slowdown"))
@@ -219,7 +255,8 @@ def report_all(args: argparse.Namespace, out: Path, model: Path, records: list[d
     (out / "verl_cpu.json").write_text(json.dumps(
         {"steps": args.steps, "runs": [asdict(r) for r in runs],
          "overhead": overhead, "state_bytes": nbytes, "gbps": gbps, "makespan": {"sequential": sequential,
-         "multiplexed": muxed}, "busy": {"mux": b_mux, "alone": b_alone}, "violations": bad}, indent=2, default=str))
+         "multiplexed": muxed}, "busy": {"mux": b_mux, "alone": b_alone}, "violations": bad,
+         "state_cache": {"offload_s": cache_off, "reload_s": cache_on, "bytes": cache_bytes}}, indent=2, default=str))
     if args.gantt:
         print("gantt:", report.gantt([r for r in records if r.get("job") in {"a-mux", "b-mux"}], out / "gantt.png",
                                      title="veRL A + B multiplexed (CPU harness)"))

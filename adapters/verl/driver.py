@@ -17,10 +17,11 @@ import logging
 import os
 from typing import Any
 
-from rollmux.adapters.common import registration
+from rollmux.adapters.common import AdapterError, registration
 from rollmux.adapters.common.registration import JobIdentity
+from rollmux.adapters.verl import memory, sync_backend
 from rollmux.adapters.verl import spec as verl_spec
-from rollmux.adapters.verl import sync_backend
+from rollmux.sidecar import env
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +34,29 @@ def identity() -> JobIdentity | None:
 
 
 def register_from_config(config: Any) -> JobIdentity:
-    """Fail fast without a sidecar, then register the job described by the veRL `config` (once)."""
+    """Refuse a trainer mode the adapter cannot gate, fail fast without a sidecar, then register the job
+    described by the veRL `config` (once).
+
+    Raises:
+        AdapterError: an unsupported trainer mode, or no sidecar on the socket.
+    """
     global _identity
     if _identity is not None:
         return _identity
+    reason = verl_spec.unsupported(config)
+    if reason is not None:
+        raise AdapterError(f"RollMux veRL adapter: {reason}, or unset {env.SIDECAR_SOCKET} to run "
+                           "this job without RollMux")
     registration.check_sidecar(registration.socket_path())
     name = registration.job_name(verl_spec.get(config, "trainer.project_name"),
                                  verl_spec.get(config, "trainer.experiment_name"))
     job = verl_spec.job_spec(config, name=name, slo=registration.slo(), phase_s=registration.phase_times())
     _identity = registration.register(job)
-    log.warning("RollMux: job %s registered (%s; %d train GPUs, %d rollout GPUs, %.4fB params)", _identity.job,
-                _identity.deployment, job.n_train_gpus, job.n_rollout_gpus, job.model_params_b)
+    plan = memory.sleep_plan(config)
+    log.warning("RollMux: job %s registered (%s, %s trainer; %d train GPUs, %d rollout GPUs, %.4fB params; "
+                "rollout engine %s sleeps at level %s between phases)", _identity.job, _identity.deployment,
+                verl_spec.trainer_mode(config), job.n_train_gpus, job.n_rollout_gpus, job.model_params_b,
+                plan.engine, plan.level)
     return _identity
 
 
@@ -55,6 +68,7 @@ def runtime_env_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwar
         return runtime_env
     ident = register_from_config(config)
     sync_backend.choose_default(config)  # before veRL pickles the config for its TaskRunner
+    memory.ensure_memory_freed(config)
     runtime_env.setdefault("env_vars", {}).update(registration.job_env(ident))
     _hook_next_ray_init(ident)
     return runtime_env

@@ -29,6 +29,37 @@ def disaggregated(cfg: Any) -> bool:
         or not bool(get(cfg, "actor_rollout_ref.hybrid_engine", True))
 
 
+TRAINER_MODES = ("sync", "colocate_async")
+"""``trainer.v1.trainer_mode`` values the adapter gates (the legacy ``RayPPOTrainer`` is gated too)."""
+
+
+def trainer_mode(cfg: Any) -> str:
+    """The trainer veRL will build: ``legacy`` (``trainer.use_v1=False``) or the v1 ``trainer_mode``."""
+    if not bool(get(cfg, "trainer.use_v1", True)):
+        return "legacy"
+    return str(get(cfg, "trainer.v1.trainer_mode", "sync"))
+
+
+def unsupported(cfg: Any) -> str | None:
+    """Why the adapter cannot gate this job (None: it can). Pure; read before Ray starts.
+
+    ``separate_async`` (veRL 0.9's only standalone-rollout trainer, also ``hybrid_engine=False``) is
+    refused: its standalone replicas generate while the trainer trains (off-policy by design, so one
+    permit per phase cannot cover them without changing the algorithm), and veRL never puts standalone
+    replicas to sleep (``vLLMHttpServer.sleep`` skips ``RolloutMode.STANDALONE``), so their GPU memory
+    would stay taken while other jobs hold the node.
+    """
+    mode = trainer_mode(cfg)
+    if mode == "legacy" or mode in TRAINER_MODES:
+        return None
+    if mode == "separate_async":
+        return ("trainer.v1.trainer_mode=separate_async runs its standalone rollout pool while it trains "
+                "(off-policy by design) and veRL 0.9 never puts standalone replicas to sleep, so RollMux "
+                "cannot give its nodes to other jobs between phases; use trainer.v1.trainer_mode=sync or "
+                "colocate_async")
+    return f"trainer.v1.trainer_mode={mode} is not a veRL 0.9 trainer the adapter knows ({', '.join(TRAINER_MODES)})"
+
+
 def param_count(model_path: str) -> int:
     """Parameters of the model at `model_path` (its HF ``config.json``), counted on the meta device."""
     import torch

@@ -11,6 +11,10 @@ call                                           boundary
 ``AgentLoopManager.generate_sequences`` (v0)
 ``CheckpointEngineManager.wake_up_replicas``   rollout begins
 ``CheckpointEngineManager.sleep_replicas``     rollout ends (replicas release their memory)
+``CheckpointEngineManager.                     rollout begins when no phase is open (``colocate_async``
+resume_generation_replicas``                   resumes its partial rollout after the weight push);
+                                               inside a disaggregated backend's ``update_weights``
+                                               it is part of the sync
 old/ref log-prob, values, reward, critic and   train begins (the trainer object is remembered for
 actor updates (both trainers)                  the offload between phases)
 ``CheckpointEngineManager.update_weights``     sync (the whole call); before the first rollout it
@@ -23,6 +27,7 @@ actor updates (both trainers)                  the offload between phases)
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +35,7 @@ from typing import Any
 from rollmux.adapters.common import PatchTarget, begins, ends
 from rollmux.adapters.common.phases import around
 from rollmux.adapters.verl import driver, runner
+from rollmux.sidecar import env
 
 SUPPORTED = ">=0.9,<0.10"
 """veRL versions this adapter knows (declared once; checked before any patch)."""
@@ -65,6 +71,15 @@ def _weights_after() -> None:
     t = runner.tracker()
     if t is not None:
         t.end("sync")  # the initial push stays inside rollout(0)
+
+
+def _resume_before() -> None:
+    t = runner.tracker()
+    if t is None:
+        return
+    if t.current is None and t.upcoming == "rollout":
+        t.begin("rollout")
+    runner.record("resume_generation", job=os.environ.get(env.JOB, ""), phase=t.current, iteration=t.iteration)
 
 
 def _progress(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -105,6 +120,8 @@ def targets() -> list[PatchTarget]:
                     wrapper=ends(_tracker, "rollout"), inner=True, redecorate=_auto_await),
         PatchTarget(module=CKPT, attribute="CheckpointEngineManager.wake_up_replicas",
                     wrapper=begins(_tracker, "rollout"), inner=True, redecorate=_auto_await),
+        PatchTarget(module=CKPT, attribute="CheckpointEngineManager.resume_generation_replicas",
+                    wrapper=around(_resume_before, None), inner=True, redecorate=_auto_await),
         PatchTarget(module=V1, attribute="PPOTrainer.prepare_step", wrapper=begins(_tracker, "rollout")),
         PatchTarget(module=V1, attribute="PPOTrainer.fit", wrapper=_finish),
         PatchTarget(module=V0, attribute="RayPPOTrainer.fit", wrapper=_finish),
