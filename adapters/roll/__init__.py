@@ -11,7 +11,9 @@ Supported: ROLL 0.3.0 at the commits in :data:`SUPPORTED_COMMITS`. The version i
 first ROLL import, and ``run()``'s own source is checked to still open the spans the adapter gates.
 
 Disaggregated jobs (actor_train and actor_infer on different devices) sync weights through
-``rollmux.sync_plugin`` instead of ROLL's one-source broadcast (:mod:`.weight_sync`).
+``rollmux.sync_plugin`` instead of ROLL's one-source broadcast, and load them on the inference side
+under the Rollout permit (:mod:`.weight_sync`); their vLLM / SGLang engines release GPU memory
+between rollouts as colocated ones do (:mod:`.workers`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from rollmux.adapters.common.api import PatchTarget
 from rollmux.adapters.common.patching import Patcher
 from rollmux.adapters.roll import driver, weight_sync, workers
-from rollmux.adapters.roll.driver import permit_log
+from rollmux.adapters.roll.driver import permit_log, progress_log
 
 SUPPORTED_COMMITS = ("8eb27cc2",)
 """alibaba/ROLL commits this adapter was tested against (span names and method names are pinned)."""
@@ -31,6 +33,7 @@ _RLVR = "roll.pipeline.rlvr.rlvr_pipeline"
 _AGENTIC = "roll.pipeline.agentic.agentic_pipeline"
 _SCHED = "roll.distributed.scheduler.generate_scheduler"
 _MUG = "roll.distributed.executor.model_update_group"
+_WORKER = "roll.pipeline.base_worker"
 
 TARGETS = (
     PatchTarget(module="roll.distributed.scheduler.initialize", attribute="init", wrapper=driver.wrap_init),
@@ -43,8 +46,15 @@ TARGETS = (
     PatchTarget(module=_SCHED, attribute="DynamicSamplingScheduler.get_batch_opt_level_0",
                 wrapper=workers.wrap_batch_rollout),
     PatchTarget(module=_SCHED, attribute="ReplayBuffer.get_batch", wrapper=workers.wrap_replay_get_batch),
+    PatchTarget(module="roll.distributed.scheduler.rollout_scheduler", attribute="RolloutScheduler._get_batch_impl",
+                wrapper=workers.wrap_agentic_batch),
     PatchTarget(module="roll.distributed.strategy.vllm_strategy", attribute="VllmStrategy.offload_states",
                 wrapper=workers.wrap_vllm_offload),
+    PatchTarget(module="roll.distributed.strategy.sglang_strategy", attribute="SgLangStrategy.offload_states",
+                wrapper=workers.wrap_sglang_offload),
+    PatchTarget(module=_WORKER, attribute="InferWorker.load_states", wrapper=weight_sync.wrap_infer_load),
+    PatchTarget(module=_WORKER, attribute="InferWorker.process_weights_after_loading",
+                wrapper=weight_sync.wrap_infer_finish),
     PatchTarget(module=_MUG, attribute="ModelUpdateGroup.__init__", wrapper=weight_sync.wrap_group_init),
     PatchTarget(module=_MUG, attribute="ModelUpdateGroup.model_update", wrapper=weight_sync.wrap_group_model_update),
 )
@@ -54,7 +64,7 @@ PATCHER = Patcher(adapter="roll", distribution="roll", supported=SUPPORTED_VERSI
 
 
 __all__ = ["PATCHER", "SUPPORTED_COMMITS", "SUPPORTED_VERSIONS", "TARGETS", "applied", "patch", "permit_log",
-           "unpatch"]
+           "progress_log", "unpatch"]
 
 
 def patch() -> bool:

@@ -45,6 +45,8 @@ class Session:
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
     gate_log: list[tuple[str, str, int, float]] = field(default_factory=list)
     """Every permit open/close the driver ran: (action, phase, iteration, seconds waited)."""
+    progress_log: list[tuple[int, int, str | None]] = field(default_factory=list)
+    """Every rollout progress report the sidecar answered: (finished, total, phase the gate held)."""
 
     def begin(self, span: str, attributes: Any) -> None:
         step = attributes.get("global_step") if span == STEP_SPAN and isinstance(attributes, dict) else None
@@ -61,6 +63,7 @@ class Session:
                 gates, self.gates = self.gates, None
                 self.gate_log = gates.log
                 gates.shutdown(job_done=job_done)
+                self.progress_log = gates.progress
 
     def _run(self, steps: list[Any]) -> None:
         if steps and self.gates is not None:
@@ -74,6 +77,13 @@ def permit_log(pipeline: Any) -> list[tuple[str, str, int, float]] | None:
     if session is None:
         return None
     return list(session.gates.log if session.gates is not None else session.gate_log)
+
+
+def progress_log(pipeline: Any) -> list[tuple[int, int, str | None]] | None:
+    """The rollout progress an opted-in pipeline reported, once its ``run()`` returned: (finished, total,
+    the phase whose permit was held then) for every report the sidecar answered; None when not opted in."""
+    session: Session | None = getattr(pipeline, _SESSION_ATTR, None)
+    return None if session is None else list(session.progress_log)
 
 
 # ------------------------------------------------------------------------------------------ Ray

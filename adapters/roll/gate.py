@@ -14,11 +14,14 @@ rollout scheduler actor can report progress to the rollout gate.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
 from rollmux.adapters.roll.phases import Action, Step
 from rollmux.sidecar.api import PHASES, phase_pool
+
+log = logging.getLogger(__name__)
 
 POOLS = ("rollout", "train")
 
@@ -38,29 +41,42 @@ class PoolGate:
         shim.init(socket=socket, job=job, job_token=token, rank=rank, permit_timeout_s=permit_timeout_s,
                   deployment=deployment)
         self._ctx: Any = None
+        self._phase: str | None = None  # the phase whose permit this gate holds
+        self.reports: list[tuple[int, int, str | None]] = []
+        """Every progress report the sidecar answered: (finished, total, phase held when reported)."""
 
     def enter(self, phase: str, iteration: int) -> dict[str, Any]:
         """Block until the job's permit for (phase, iteration) on this node is granted."""
         ctx = self._shim.phase(phase, iteration=iteration)
         held = ctx.__enter__()
-        self._ctx = ctx
+        self._ctx, self._phase = ctx, phase
         lease = held.lease if held is not None else None
         return {} if lease is None else dataclasses.asdict(lease)
 
     def exit(self) -> None:
         """Release the held permit (reporting the phase's duration)."""
-        ctx, self._ctx = self._ctx, None
+        ctx, self._ctx, self._phase = self._ctx, None, None
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
     def progress(self, finished: int, total: int) -> dict[str, Any] | None:
         """Rollout progress; returns the coordinator's migration directive, if any."""
         m = self._shim.runtime_hook(finished, total)
-        return None if m is None else dataclasses.asdict(m)
+        self.reports.append((finished, total, self._phase))
+        if m is None:
+            return None
+        # The coordinator only migrates a rollout holding two or more nodes; a ROLL job's gate holds one
+        # node per pool, and ROLL cannot move a rollout's requests between nodes mid-step (docs/roll.md).
+        log.warning("rollmux: migration directive for job %s epoch %s (keep %s, release %s) not followed: the ROLL "
+                    "adapter finishes the rollout where it runs", m.job, m.epoch, list(m.keep_nodes),
+                    list(m.release_nodes))
+        return dataclasses.asdict(m)
 
-    def shutdown(self, job_done: bool) -> None:
+    def shutdown(self, job_done: bool) -> list[tuple[int, int, str | None]]:
+        """Release what is held and detach; returns the progress reports."""
         self.exit()
         self._shim.shutdown(job_done=job_done)
+        return self.reports
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -71,6 +87,8 @@ class Gates:
     deployment: str = "disaggregated"  # the job's mode: which pool's gate opens each phase (phase_pool)
     log: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
     """(action, phase, iteration, seconds the driver waited for the gate) of every step run."""
+    progress: list[tuple[int, int, str | None]] = dataclasses.field(default_factory=list)
+    """The gates' progress reports (``PoolGate.reports``), collected at shutdown."""
 
     def run(self, steps: list[Step]) -> None:
         import ray
@@ -88,7 +106,7 @@ class Gates:
         import ray
 
         refs = [a.shutdown.remote(job_done and pool == "train") for pool, a in self.actors.items()]
-        ray.get(refs, timeout=60)
+        self.progress = [row for rows in ray.get(refs, timeout=60) for row in rows]
         for a in self.actors.values():
             ray.kill(a)
 

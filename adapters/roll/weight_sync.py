@@ -17,20 +17,29 @@ The driver (:func:`wrap_group_init`, :func:`wrap_group_model_update`) runs the w
 Ray's ``__ray_call__`` on ROLL's own actors: :func:`_serve` / :func:`_join` build the sync world once
 (kept across steps), :func:`_send` runs on every trainer under ROLL's ``state_offload_manger`` (model
 params loaded for the send, offloaded after, as ROLL's ``start_model_update`` does), and
-:func:`_start_receive` runs the receive in a thread of each inference actor, whose event loop stays
-free to run the (async) loader; the driver polls :func:`_receive_state` until every window loaded.
+:func:`_start_receive` runs the receive in a thread of each inference actor; the driver polls
+:func:`_receive_state` until every window arrived.
+
+The inference side loads under the Rollout permit, not during Sync. Sync holds the training node
+only (``phase_pool``), while loading a window into a slept vLLM engine wakes its weights on the
+rollout node's GPU, which another job's rollout may hold. So each received window is kept in host
+memory (:class:`Staged`), ``InferWorker.process_weights_after_loading`` is deferred while windows
+wait, and ``InferWorker.load_states`` (ROLL's first call once Sync ended, when the adapter already
+holds the Rollout permit) loads them through ROLL's bucket loader and runs the deferred
+``process_weights_after_loading`` first, in the order ROLL's own update runs them
+(:func:`wrap_infer_load`, :func:`wrap_infer_finish`). The all-gather among the inference workers
+still runs during Sync (with NCCL, one window's buffers on the rollout GPUs).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -222,33 +231,32 @@ class _Receive:
     done: bool = False
 
 
+@dataclass(slots=True)
+class Staged:
+    """An inference worker's received windows, in host memory until its next ``load_states``."""
+
+    windows: list[list[tuple[str, Any, Any]]] = field(default_factory=list)  # (name, host tensor, device)
+    finish: bool = False  # ROLL asked for process_weights_after_loading while windows waited
+
+    def take(self) -> tuple[list[list[tuple[str, Any, Any]]], bool]:
+        windows, finish = self.windows, self.finish
+        self.windows, self.finish = [], False
+        return windows, finish
+
+
+STAGED = Staged()
+"""This process's staged windows (one inference worker per Ray actor process)."""
+
+
 def _start_receive(actor: Any, world_id: str) -> None:
-    """On an inference worker: receive in a thread; each window loads through the worker's strategy."""
-    try:
-        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()  # an async actor (InferWorker)
-    except RuntimeError:
-        loop = None
+    """On an inference worker: receive in a thread, keeping each window in host memory (:data:`STAGED`)."""
     state = _Receive()
     _receives[world_id] = state
-    strategy = actor.strategy
-    infer = actor.worker_config.strategy_args.strategy_name
-    tp = int(getattr(actor.worker_config, "num_gpus_per_worker", 1) or 1)
-
-    def load(named: list[tuple[str, Any]]) -> None:
-        from roll.utils.send_recv_utils import serialize_named_weights
-
-        payload = serialize_named_weights(named, infer_strategy=infer)
-        out = strategy.update_parameter_in_bucket([payload] * tp, is_lora=False)
-        if inspect.isawaitable(out):
-            if loop is not None:
-                asyncio.run_coroutine_threadsafe(_awaited(out), loop).result()
-            else:
-                asyncio.run(_awaited(out))
 
     def body() -> None:
         try:
             for window in _worlds[world_id].receive():
-                load(window)
+                STAGED.windows.append([(n, t.detach().to("cpu", copy=True), t.device) for n, t in window])
                 state.windows += 1
         except BaseException as exc:  # reported to the driver by _receive_state
             state.error = f"{type(exc).__name__}: {exc}"
@@ -261,7 +269,50 @@ def _start_receive(actor: Any, world_id: str) -> None:
 
 
 async def _awaited(out: Any) -> Any:
-    return await out
+    return await out if inspect.isawaitable(out) else out
+
+
+async def load_staged(actor: Any) -> int:
+    """Load the staged windows through the worker's strategy (ROLL's bucket loader, one window on the
+    device at a time), then the deferred ``process_weights_after_loading``. Returns the windows loaded."""
+    windows, finish = STAGED.take()
+    if not windows and not finish:
+        return 0
+    from roll.utils.send_recv_utils import serialize_named_weights
+
+    strategy = actor.strategy
+    infer = actor.worker_config.strategy_args.strategy_name
+    tp = int(getattr(actor.worker_config, "num_gpus_per_worker", 1) or 1)
+    for window in windows:
+        payload = serialize_named_weights([(n, t.to(device)) for n, t, device in window], infer_strategy=infer)
+        await _awaited(strategy.update_parameter_in_bucket([payload] * tp, is_lora=False))
+    if finish:
+        await _awaited(strategy.process_weights_after_loading())
+    return len(windows)
+
+
+def wrap_infer_finish(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+    """``InferWorker.process_weights_after_loading``: deferred to ``load_states`` while windows wait."""
+
+    async def run() -> Any:
+        if STAGED.windows:
+            STAGED.finish = True
+            return None
+        return await wrapped(*args, **kwargs)
+
+    return run()
+
+
+def wrap_infer_load(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+    """``InferWorker.load_states``: load the staged weights first (under the Rollout permit)."""
+
+    async def run() -> Any:
+        await load_staged(instance)
+        return await wrapped(*args, **kwargs)
+
+    return run()
 
 
 def _receive_state(_actor: Any, world_id: str) -> dict[str, Any]:

@@ -1,15 +1,21 @@
 """Worker-side wrappers: they run inside the job's Ray actors, where the package's ``.pth`` hook
 loads the adapter because the driver passed the opt-in variable in the job's runtime environment.
 
-* :func:`wrap_vllm_offload` (``VllmStrategy.offload_states``): ROLL only puts vLLM to sleep when
+* :func:`wrap_vllm_offload` / :func:`wrap_sglang_offload` (``VllmStrategy`` / ``SgLangStrategy``
+  ``offload_states``): ROLL only puts the engine to sleep (vLLM) or releases its memory (SGLang) when
   actor_infer is colocated with training; in a disaggregated job the engine would keep its GPU
   memory between phases and the next job's rollout on that node could not load. Opted in, the
-  engine sleeps in both modes (at the configured ``sleep_level``; level 1 keeps the weights in host
-  memory, and the next ``model_update`` overwrites them anyway).
-* :func:`wrap_batch_rollout` / :func:`wrap_replay_get_batch` (the rollout scheduler actor): rollout
-  progress (finished / total responses) goes to the rollout gate actor, which reports it through
-  ``rollmux.runtime_hook``; a migration directive is logged (ROLL cannot yet move requests between
-  engines in a step).
+  engine releases it in both modes (vLLM at the configured ``sleep_level``; level 1 keeps the weights
+  in host memory, and the next ``model_update`` overwrites them anyway). ROLL's loops already call
+  ``actor_infer.offload_states()`` at the end of every rollout and ``load_states()`` before the next
+  one, both inside the job's Rollout permit (``phases.py``); hf_infer offloads in both modes as shipped.
+* :func:`wrap_batch_rollout` / :func:`wrap_replay_get_batch` (RLVR's rollout scheduler actor) and
+  :func:`wrap_agentic_batch` (the agentic ``RolloutScheduler`` actor, train mode): rollout progress
+  (finished / total responses) goes to the rollout gate actor, which reports it through
+  ``rollmux.runtime_hook``. Per response on ROLL's request path (``generate_opt_level`` 1, vLLM and
+  SGLang); start and end only on the batch path (``generate_opt_level`` 0) and for agentic rollouts
+  (trajectories are counted inside ``GroupQueueManager``, a Ray actor class the adapter does not wrap).
+  A migration directive is logged, not followed (docs/roll.md says why).
 """
 
 from __future__ import annotations
@@ -23,20 +29,42 @@ from rollmux.adapters.roll.gate import gate_name
 log = logging.getLogger(__name__)
 
 
-def wrap_vllm_offload(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Any:
-    """Sleep a disaggregated vLLM engine too (a coroutine, like the original)."""
+def _release_disaggregated(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an engine's ``offload_states(include)`` call should release its GPU memory that ROLL keeps
+    (actor_infer not colocated, model params included, the model still on the GPU)."""
     from roll.utils.offload_states import OffloadStateType
 
     include = kwargs.get("include", args[0] if args else None)
     colocated = bool(instance.worker.pipeline_config.is_actor_infer_colocated)
     weights = include is None or OffloadStateType.model_params in include
+    return not colocated and weights and bool(instance.is_model_in_gpu)
+
+
+def wrap_vllm_offload(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+    """Sleep a disaggregated vLLM engine too (a coroutine, like the original)."""
 
     async def offload() -> Any:
         result = await wrapped(*args, **kwargs)
-        if not colocated and weights and instance.is_model_in_gpu:
+        if _release_disaggregated(instance, args, kwargs):
             await instance.model.offload_states(instance.sleep_level)
             instance.is_model_in_gpu = False
+        return result
+
+    return offload()
+
+
+def wrap_sglang_offload(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
+    """Release a disaggregated SGLang engine's memory too (weights, KV cache and CUDA graphs, as ROLL
+    does when colocated; its ``load_states`` resumes whatever is released)."""
+
+    async def offload() -> Any:
+        release = _release_disaggregated(instance, args, kwargs)
+        result = await wrapped(*args, **kwargs)
+        if release:
+            await instance.model.release_memory_occupation()
+            instance.is_model_in_gpu, instance.is_kv_cache_in_gpu = False, False
         return result
 
     return offload()
@@ -62,18 +90,25 @@ def report_progress(finished: int, total: int) -> None:
         log.debug("rollmux: rollout progress not reported: %s", exc)
 
 
+def _bracketed(call: Callable[[], Any], total: int) -> Any:
+    """Await ``call()`` (one whole rollout of `total` responses), reporting 0 / total before, total / total after."""
+
+    async def run() -> Any:
+        if total > 0:
+            report_progress(0, total)
+        result = await call()
+        if total > 0:
+            report_progress(total, total)
+        return result
+
+    return run()
+
+
 def wrap_batch_rollout(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
     """``DynamicSamplingScheduler.get_batch_opt_level_0``: one batched generate; 0 / n, then n / n."""
     total = int(kwargs.get("batch_size", args[1] if len(args) > 1 else 0) or 0)
-
-    async def run() -> Any:
-        report_progress(0, total)
-        result = await wrapped(*args, **kwargs)
-        report_progress(total, total)
-        return result
-
-    return run()
+    return _bracketed(lambda: wrapped(*args, **kwargs), total)
 
 
 class _ProgressBar:
@@ -98,3 +133,11 @@ def wrap_replay_get_batch(wrapped: Callable[..., Any], instance: Any, args: tupl
     bar = kwargs.pop("progress_bar", args[1] if len(args) > 1 else None)
     rest = args[:1]
     return wrapped(*rest, progress_bar=_ProgressBar(bar, expected), **kwargs)
+
+
+def wrap_agentic_batch(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """``RolloutScheduler._get_batch_impl(data, batch_size)`` of the train rollout: 0 / n, then n / n
+    (validation and ``batch_size <= 0``, "run to the end", report nothing)."""
+    total = int(kwargs.get("batch_size", args[1] if len(args) > 1 else 0) or 0)
+    return _bracketed(lambda: wrapped(*args, **kwargs), total if getattr(instance, "mode", None) == "train" else 0)

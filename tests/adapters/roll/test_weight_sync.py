@@ -1,6 +1,9 @@
 """A disaggregated real ROLL RLVR job (actor_train on fake GPU 0, actor_infer on fake GPU 1), opted in:
 its weights move through ``rollmux.sync_plugin`` (``adapters/roll/weight_sync.py``), not ROLL's
-one-source broadcast, and arrive bit for bit through ROLL's own bucket loader.
+one-source broadcast, and arrive bit for bit through ROLL's own bucket loader, under the job's Rollout
+permit: received during Sync (which holds the training node only), they wait in host memory until
+actor_infer's ``load_states``, and actor_infer loads and offloads its states only inside its Rollout
+permits on the rollout node (in between, its memory is released for the next job's rollout there).
 
 Unset, the same job cannot run on this CPU stand-in: ROLL's separated path calls
 ``setup_collective_group`` with a signature hf_infer's strategy does not take (see
@@ -27,7 +30,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     build_assets(wd)
     pools = Pools(wd).start()
     try:
-        job = launch("dis-a", wd, disaggregated=True, check_weights=True,
+        job = launch("dis-a", wd, disaggregated=True, check_weights=True, timing=True,
                      extra_env={**pools.job_env(wd / "events.jsonl"), "ROLLMUX_JOB": "dis-a"})
         return {**job.wait(timeout_s=600), "records": phase_records(wd / "events.jsonl")}
     finally:
@@ -48,6 +51,23 @@ def test_the_inference_worker_gets_the_trained_weights_bit_for_bit(run: dict[str
     assert len(w["train"]) > 10
     assert all(before != w["train"] for before in w["infer_before"])  # the harness nudged actor_train's weights
     assert w["infer"] == [w["train"]] * len(w["infer"])
+
+
+def test_synced_weights_wait_in_host_memory_until_the_rollout_loads(run: dict[str, Any]) -> None:
+    assert run["rc"] == 0, run["log_tail"]
+    w = run["weights"]
+    assert w["infer_after_sync"] == w["infer_before"]  # Sync left the engine untouched
+    assert w["infer"] != w["infer_before"]  # load_states brought the new weights in
+
+
+def test_the_inference_worker_holds_memory_only_under_its_rollout_permits(run: dict[str, Any]) -> None:
+    assert run["rc"] == 0, run["log_tail"]
+    rollouts = [r for r in run["records"] if r["phase"] == "rollout" and r["job"] == "dis-a"]
+    calls = [c for c in run["state_calls"] if c[0] == "actor_infer" and c[3] <= run["t_done"]]
+    assert len(rollouts) == 2 and len(calls) == 4, (rollouts, calls)  # a load and an offload per step
+    for r in rollouts:
+        inside = [c[1] for c in calls if r["t_start"] <= c[2] and c[3] <= r["t_end"]]
+        assert inside == ["load_states", "offload_states"], (r, calls)
 
 
 def test_a_disaggregated_job_rolls_out_on_the_rollout_pool(run: dict[str, Any]) -> None:

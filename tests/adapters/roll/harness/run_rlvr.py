@@ -163,8 +163,11 @@ def weight_digests(pipeline: Any) -> dict[str, Any]:
     ray.get([w.__ray_call__.remote(_nudge) for w in pipeline.actor_train.workers])  # the sync must carry these
     before = infer()
     metrics = pipeline.model_update(pipeline.pipeline_config.max_steps)
+    after_sync = infer()
+    pipeline.actor_infer.load_states()  # what the next step runs first under its Rollout permit
     train = ray.get([w.__ray_call__.remote(_digests, "train") for w in pipeline.actor_train.workers])
-    return {"train": train[0], "infer_before": before, "infer": infer(), "sync_metrics": metrics}
+    return {"train": train[0], "infer_before": before, "infer_after_sync": after_sync, "infer": infer(),
+            "sync_metrics": metrics}
 
 
 def wait_for_start(out: Path, start: Path, timeout_s: float = 900.0) -> None:
@@ -190,7 +193,8 @@ def parser(doc: str | None, name: str) -> argparse.ArgumentParser:
                    "(lets a test start several jobs' first phases together)")
     p.add_argument("--disaggregated", action="store_true", help="RLVR: actor_infer on its own (fake) device")
     p.add_argument("--check-weights", action="store_true", help="after run(), nudge actor_train's weights, sync "
-                   "once more and write digests of both sides' weights, before and after (OUT's 'weights')")
+                   "once more, load actor_infer's states and write digests of both sides' weights: before the sync, "
+                   "after it and after the load (OUT's 'weights')")
     p.add_argument("--timing", action="store_true", help="also record the driver's spans, the seconds spent in "
                    "offload_states / load_states and (opted in) in permit calls (timing.py)")
     return p
@@ -208,15 +212,17 @@ def run_pipeline(args: argparse.Namespace, cfg: Any, pipeline_cls: Callable[[], 
     if args.timing:
         import timing as probes
 
-        spans, states = probes.SpanRecorder(), probes.time_states(pipeline)
+        state_calls: list[list[Any]] = []
+        spans, states = probes.SpanRecorder(), probes.time_states(pipeline, state_calls)
     t_run = time.time()
     pipeline.run()
     t_done = time.time()
     if args.check_weights:
         timing["weights"] = weight_digests(pipeline)
+    adapter = sys.modules.get("rollmux.adapters.roll")  # loaded only when opted in
+    timing["progress"] = adapter.progress_log(pipeline) if adapter is not None else None
     if args.timing:
-        adapter = sys.modules.get("rollmux.adapters.roll")
-        timing |= {"spans": spans.rows(), "states_s": states,
+        timing |= {"spans": spans.rows(), "states_s": states, "state_calls": state_calls,
                   "permits": adapter.permit_log(pipeline) if adapter is not None else None}
     Path(args.out).write_text(json.dumps({"steps": pipeline.state.log_history, "build_s": t_built - t0,
                                           "run_s": t_done - t_run, "t_run": t_run, "t_done": t_done,

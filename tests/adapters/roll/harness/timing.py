@@ -3,7 +3,8 @@
 * :class:`SpanRecorder`: an OpenTelemetry tracer provider that keeps the driver's spans (ROLL's
   ``get_tracer`` uses the global provider), so each ``pipeline_step`` / phase span has a duration;
 * :func:`time_states`: wraps the pipeline's clusters' ``offload_states`` / ``load_states`` (bound per
-  instance by ROLL's ``Cluster``) to add up the seconds the driver spends moving model states.
+  instance by ROLL's ``Cluster``) to add up the seconds the driver spends moving model states, and
+  to record when each call ran (to check them against the permits the job held).
 """
 
 from __future__ import annotations
@@ -39,25 +40,29 @@ class SpanRecorder:
         return sorted(self._rows, key=lambda r: r[1])
 
 
-def _timed(fn: Callable[..., Any], key: str, totals: dict[str, float]) -> Callable[..., Any]:
+def _timed(fn: Callable[..., Any], cluster: str, method: str, totals: dict[str, float],
+           calls: list[list[Any]]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         try:
             return fn(*args, **kwargs)
         finally:
-            totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
+            totals[method] = totals.get(method, 0.0) + time.perf_counter() - t0
+            calls.append([cluster, method, wall0, time.time()])
 
     return call
 
 
-def time_states(pipeline: Any) -> dict[str, float]:
-    """Wrap every cluster's ``offload_states`` / ``load_states``; returns the live totals (seconds)."""
+def time_states(pipeline: Any, calls: list[list[Any]] | None = None) -> dict[str, float]:
+    """Wrap every cluster's ``offload_states`` / ``load_states``; returns the live totals (seconds).
+    With `calls`, also appends ``[cluster, method, start, end]`` (wall-clock seconds) of every call."""
     totals: dict[str, float] = {}
-    clusters = [getattr(pipeline, n, None) for n in CLUSTERS]
-    clusters += list((getattr(pipeline, "rewards", None) or {}).values())
-    for cluster in clusters:
+    calls = [] if calls is None else calls
+    clusters = {n: getattr(pipeline, n, None) for n in CLUSTERS}
+    clusters |= {f"reward-{k}": v for k, v in (getattr(pipeline, "rewards", None) or {}).items()}
+    for name, cluster in clusters.items():
         for method in ("offload_states", "load_states"):
             fn = getattr(cluster, method, None) if cluster is not None else None
             if fn is not None:
-                setattr(cluster, method, _timed(fn, method, totals))
+                setattr(cluster, method, _timed(fn, name, method, totals, calls))
     return totals
