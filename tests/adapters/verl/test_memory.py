@@ -1,0 +1,66 @@
+"""What an opted-in veRL job frees between phases and which trainer modes the adapter gates, read off
+veRL 0.9.1's own default config (``verl/trainer/config/ppo_trainer.yaml`` composed with Hydra, as
+``main_ppo`` does; a struct config)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rollmux.adapters.common import AdapterError
+from rollmux.adapters.verl import driver, memory, spec
+
+
+def compose(*overrides: str) -> object:
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(("overrides", "level", "released"), [
+    ((), 2, ("kv_cache", "weights")),  # veRL's default: the next sync pushes every weight
+    (("actor_rollout_ref.model.lora_rank=8",), 1, ("kv_cache", "weights")),  # LoRA adapter: base weights kept
+    (("actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.merge=True"), 2, ("kv_cache", "weights")),
+    (("actor_rollout_ref.model.mtp.enable=True", "actor_rollout_ref.model.mtp.enable_rollout=True"), 1,
+     ("kv_cache", "weights")),
+    (("actor_rollout_ref.rollout.name=sglang",), None, ("kv_cache", "weights")),
+    (("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.model.lora_rank=8"), None, ("kv_cache",)),
+])
+def test_sleep_level_follows_what_the_next_weight_push_restores(overrides: tuple[str, ...], level: int | None,
+                                                                released: tuple[str, ...]) -> None:
+    plan = memory.sleep_plan(compose(*overrides))
+    assert (plan.level, plan.released, plan.frees_gpu) == (level, released, True)
+
+
+def test_opted_in_the_driver_turns_the_rollout_engines_sleep_back_on() -> None:
+    cfg = compose("actor_rollout_ref.rollout.free_cache_engine=False")
+    assert memory.sleep_plan(cfg).frees_gpu is False and memory.sleep_plan(cfg).released == ()
+    assert memory.ensure_memory_freed(cfg) == ["actor_rollout_ref.rollout.free_cache_engine=True"]
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is True  # type: ignore[attr-defined]
+    assert memory.ensure_memory_freed(cfg) == [] and memory.sleep_plan(cfg).frees_gpu
+
+
+@pytest.mark.parametrize(("overrides", "mode", "gated"), [
+    ((), "sync", True), (("trainer.v1.trainer_mode=colocate_async",), "colocate_async", True),
+    (("trainer.use_v1=False",), "legacy", True), (("trainer.v1.trainer_mode=separate_async",), "separate_async", False),
+])
+def test_trainer_modes(overrides: tuple[str, ...], mode: str, gated: bool) -> None:
+    cfg = compose(*overrides)
+    assert spec.trainer_mode(cfg) == mode
+    assert (spec.unsupported(cfg) is None) is gated
+
+
+def test_separate_async_is_refused_before_the_sidecar_is_even_looked_for(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", str(tmp_path / "missing.sock"))
+    with pytest.raises(AdapterError, match="separate_async .* unset ROLLMUX_SIDECAR_SOCKET"):
+        driver.register_from_config(compose("trainer.v1.trainer_mode=separate_async"))
+    with pytest.raises(AdapterError, match="no sidecar socket exists"):  # a gated mode gets to the sidecar check
+        driver.register_from_config(compose("trainer.v1.trainer_mode=colocate_async"))
+    assert driver.identity() is None
