@@ -12,12 +12,17 @@
 # Environment: PYTHON (default .venv/bin/python; needs a CUDA build of torch, verl==0.9.1 with vLLM,
 # nvidia-ml-py and this repo installed, e.g. `pip install -e . 'verl[vllm]==0.9.1' nvidia-ml-py`),
 # STEPS (training steps per job, default 3; the first is warm-up), OUT (logs; default a temp dir),
-# GPU_MEM_UTIL (vLLM's share of the GPU per job, default 0.25: both jobs' engines fit on one GPU).
+# GPU_MEM_UTIL (vLLM's share of the GPU per job, default 0.25: both jobs' engines fit on one GPU),
+# GPU_MEM_LIMIT_MIB (GPU memory a job's processes may still hold when a sidecar releases its node,
+# default 3072: the CUDA contexts of its trainer and vLLM processes and vLLM's graph pool stay, its
+# weights, optimizer state and KV cache, several GiB at GPU_MEM_UTIL=0.25, must be gone).
 #
 # Prints: each job's mean veRL step time (timing_s/step after the first step) alone vs multiplexed,
 # the peak GPU memory each job's processes held (sampled with the sidecar's own NVML query) and the
 # sidecars' NVML memory check (nvml=yes, releases, gpu_memory_not_freed records). Exits 1 when there
-# is no usable GPU, a job fails, a sidecar runs without NVML or the memory check reported a leak.
+# is no usable GPU, a job fails, a sidecar runs without NVML, NVML sees none of a job's processes (a
+# container's PID namespace hides them, and the check would pass vacuously) or the memory check
+# reported a leak.
 set -euo pipefail
 
 die() { echo "verl_gpu_smoke: $*" >&2; exit 1; }
@@ -27,9 +32,11 @@ PY=${PYTHON:-$REPO/.venv/bin/python}
 STEPS=${STEPS:-3}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/rollmux-verl-gpu.XXXXXX")}
 GPU_MEM_UTIL=${GPU_MEM_UTIL:-0.25}
+GPU_MEM_LIMIT_MIB=${GPU_MEM_LIMIT_MIB:-3072}
 
 [[ -x "$PY" ]] || die "no Python at $PY: set PYTHON to an interpreter with torch (CUDA), verl 0.9.1 and rollmux"
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] || die "STEPS must be a positive integer, got '$STEPS'"
+[[ "$GPU_MEM_LIMIT_MIB" =~ ^[0-9]+$ ]] || die "GPU_MEM_LIMIT_MIB must be a whole number of MiB, got '$GPU_MEM_LIMIT_MIB'"
 command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: run this on a machine with an NVIDIA GPU and driver"
 nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi cannot reach the driver: $(nvidia-smi -L 2>&1 | head -n 1)"
 
@@ -62,13 +69,15 @@ PY
 
 mkdir -p "$OUT"
 echo "logs: $OUT"
-export RMX_SMOKE_OUT=$OUT RMX_SMOKE_STEPS=$STEPS RMX_SMOKE_GPU_MEM_UTIL=$GPU_MEM_UTIL RMX_SMOKE_REPO=$REPO
+export RMX_SMOKE_OUT=$OUT RMX_SMOKE_STEPS=$STEPS RMX_SMOKE_GPU_MEM_UTIL=$GPU_MEM_UTIL RMX_SMOKE_REPO=$REPO \
+    RMX_SMOKE_MEM_LIMIT_MIB=$GPU_MEM_LIMIT_MIB
 exec "$PY" - <<'PY'
 import json, os, secrets, statistics, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 REPO, OUT = Path(os.environ["RMX_SMOKE_REPO"]), Path(os.environ["RMX_SMOKE_OUT"]).resolve()
 STEPS, MEM = int(os.environ["RMX_SMOKE_STEPS"]), os.environ["RMX_SMOKE_GPU_MEM_UTIL"]
+MEM_LIMIT_MIB = os.environ["RMX_SMOKE_MEM_LIMIT_MIB"]
 HARNESS = REPO / "tests" / "adapters" / "verl" / "harness"
 sys.path.insert(0, str(HARNESS))
 import scenario  # the harness's job runner and opt-in variables (nothing CPU-specific in them)
@@ -187,6 +196,10 @@ def run(label: str, pairs: list[tuple[GpuJob, dict[str, str] | None]]) -> dict[s
     for j, _ in pairs:
         print(f"  {j.name}: wall {done[j.name].wall_s:.1f} s, step {mean_step(j):.3f} s, "
               f"peak GPU memory {sampler.peak[j.name] / 2**30:.2f} GiB", flush=True)
+        if sampler.peak[j.name] == 0:
+            sys.exit(f"NVML reported no GPU memory for any process of {j.name}: it cannot see the job's PIDs "
+                     "(run outside a separate PID namespace, e.g. docker --pid=host), so the memory check "
+                     "would pass without checking anything")
     return {j.name: mean_step(j) for j, _ in pairs}
 
 
@@ -228,6 +241,7 @@ class Cluster:
             self.sockets[pool] = str(sock_dir / f"{pool}.sock")
             self.spawn(f"{pool}-0", ["sidecar", "--coordinator", address, "--node-id", f"{pool}-0", "--pool", pool,
                                      "--socket", self.sockets[pool], "--secret-file", str(secret),
+                                     "--gpu-mem-limit-mib", MEM_LIMIT_MIB,
                                      "--event-log", str(self.node_events), "--ready-file", str(self.root / pool)])
             self.wait_for(self.root / pool, f"the {pool} sidecar")
         return self
@@ -248,7 +262,8 @@ def memory_check(cluster: Cluster) -> bool:
     recs = read_jsonl(cluster.node_events)
     released = sum(r.get("event") == "released" for r in recs)
     leaks = [r for r in recs if r.get("event") == "gpu_memory_not_freed"]
-    print(f"NVML memory check: sidecar NVML {nvml}; {released} releases checked, "
+    print(f"NVML memory check (limit {MEM_LIMIT_MIB} MiB per job at release): sidecar NVML {nvml}; "
+          f"{released} releases checked, "
           f"{len(leaks)} gpu_memory_not_freed records {leaks[:3]}")
     return all(nvml.values()) and released > 0 and not leaks
 
