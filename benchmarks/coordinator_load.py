@@ -238,14 +238,12 @@ def _quiet_heap() -> None:
 
     One client process holds a thousand jobs' coroutines and calls (a real job's shim holds one),
     so with CPython's defaults its full collections pause it for tens of ms while answers wait
-    unread: that is the benchmark's cost, not the coordinator's. Its heap is settled the way the
-    coordinator's is (`coordinator.service.gc_tuning`): the same thresholds, and what lives for the
-    whole run frozen out of later collections.
+    unread: that is the benchmark's cost, not the coordinator's. Its collections are paced the way
+    the coordinator's are (`coordinator.service.gc_tuning.PacedCollector`, on the running loop).
     """
     from rollmux.coordinator.service import gc_tuning
 
-    gc_tuning.tune()
-    gc_tuning.settle()
+    gc_tuning.PacedCollector().start()
 
 
 def _node_streams_proc(address: str, node_ids: list[str]) -> None:

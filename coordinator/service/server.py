@@ -146,15 +146,16 @@ async def stop(running: Running) -> None:
 
 async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | None = None) -> None:
     """Run until cancelled, as this process's one job: with the coordinator's garbage-collector
-    settings (`gc_tuning`), settling the heap each time the state is (re)loaded."""
-    gc_tuning.tune()
+    pacing (`gc_tuning.PacedCollector`), with a full pass each time the state is (re)loaded."""
+    collector = gc_tuning.PacedCollector()
     running = await start(opts)
+    collector.start()
     set_health = running.core.on_ready_change
 
     def on_ready(ready: bool) -> None:
         set_health(ready)
         if ready:
-            log.info("heap settled after loading the state: %d objects frozen", gc_tuning.settle())
+            log.info("heap settled after loading the state: %d objects frozen", collector.reclaim())
 
     running.core.on_ready_change = on_ready
     if running.core.ready:
@@ -165,6 +166,7 @@ async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | Non
         await running.server.wait_for_termination()
     finally:
         await stop(running)
+        await collector.stop()
 
 
 class ThreadedServer:
