@@ -24,9 +24,12 @@ def get(cfg: Any, dotted: str, default: Any = None) -> Any:
 
 
 def disaggregated(cfg: Any) -> bool:
-    """True when the job runs a standalone rollout pool (``rollout.nnodes > 0`` or no hybrid engine)."""
-    return int(get(cfg, "actor_rollout_ref.rollout.nnodes", 0) or 0) > 0 \
+    """True when the job runs a standalone rollout pool. veRL 0.9 builds one only in the v1
+    ``separate_async`` trainer (``rollout.nnodes > 0``, optionally ``hybrid_engine=False``); ``sync``,
+    ``colocate_async`` and the legacy trainer roll out on the hybrid engine whatever ``rollout.nnodes`` says."""
+    standalone = int(get(cfg, "actor_rollout_ref.rollout.nnodes", 0) or 0) > 0 \
         or not bool(get(cfg, "actor_rollout_ref.hybrid_engine", True))
+    return standalone and trainer_mode(cfg) == "separate_async"
 
 
 TRAINER_MODES = ("sync", "colocate_async")

@@ -11,6 +11,7 @@ import pytest
 
 from rollmux.adapters.common import AdapterError
 from rollmux.adapters.verl import driver, memory, spec
+from rollmux.model import Deployment
 
 
 def compose(*overrides: str) -> object:
@@ -46,21 +47,28 @@ def test_opted_in_the_driver_turns_the_rollout_engines_sleep_back_on() -> None:
     assert memory.ensure_memory_freed(cfg) == [] and memory.sleep_plan(cfg).frees_gpu
 
 
-@pytest.mark.parametrize(("overrides", "mode", "gated"), [
-    ((), "sync", True), (("trainer.v1.trainer_mode=colocate_async",), "colocate_async", True),
-    (("trainer.use_v1=False",), "legacy", True), (("trainer.v1.trainer_mode=separate_async",), "separate_async", False),
+SEPARATE = ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1")
+
+
+@pytest.mark.parametrize(("overrides", "mode", "gated", "deployment"), [
+    ((), "sync", True, Deployment.COLOCATED_TRAIN),
+    (("actor_rollout_ref.rollout.nnodes=1",), "sync", True, Deployment.COLOCATED_TRAIN),  # v1 sync ignores it
+    (("trainer.v1.trainer_mode=colocate_async",), "colocate_async", True, Deployment.COLOCATED_TRAIN),
+    (("trainer.use_v1=False",), "legacy", True, Deployment.COLOCATED_TRAIN),
+    (SEPARATE, "separate_async", False, Deployment.DISAGGREGATED),
 ])
-def test_trainer_modes(overrides: tuple[str, ...], mode: str, gated: bool) -> None:
+def test_trainer_modes(overrides: tuple[str, ...], mode: str, gated: bool, deployment: Deployment) -> None:
     cfg = compose(*overrides)
     assert spec.trainer_mode(cfg) == mode
     assert (spec.unsupported(cfg) is None) is gated
+    assert spec.job_spec(cfg, name="j", slo=1.5, params=1000).deployment is deployment
 
 
 def test_separate_async_is_refused_before_the_sidecar_is_even_looked_for(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", str(tmp_path / "missing.sock"))
     with pytest.raises(AdapterError, match="separate_async .* unset ROLLMUX_SIDECAR_SOCKET"):
-        driver.register_from_config(compose("trainer.v1.trainer_mode=separate_async"))
+        driver.register_from_config(compose(*SEPARATE))
     with pytest.raises(AdapterError, match="no sidecar socket exists"):  # a gated mode gets to the sidecar check
         driver.register_from_config(compose("trainer.v1.trainer_mode=colocate_async"))
     assert driver.identity() is None

@@ -12,7 +12,8 @@ from rollmux.adapters.verl.sync_backend import choose_default
 
 def _config(backend: str, rollout_nnodes: int) -> object:
     cfg = OmegaConf.create({"actor_rollout_ref": {"hybrid_engine": rollout_nnodes == 0, "rollout": {
-        "nnodes": rollout_nnodes, "n_gpus_per_node": 8, "checkpoint_engine": {"backend": backend}}}})
+        "nnodes": rollout_nnodes, "n_gpus_per_node": 8, "checkpoint_engine": {"backend": backend}}},
+        "trainer": {"v1": {"trainer_mode": "separate_async" if rollout_nnodes else "sync"}}})
     OmegaConf.set_struct(cfg, True)
     return cfg
 
