@@ -293,16 +293,53 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     load0 = os.getloadavg()[0]
     commits0 = redis_commits(redis_url)
+    gc0 = gc_pauses(getattr(args, "metrics_url", None))
     time.sleep(max(0.0, t_end - time.monotonic()))
     cpu1 = {pid: cpu_seconds(pid) for pid in pids}
     load1 = os.getloadavg()[0]
     commits1 = redis_commits(redis_url)
+    gc1 = gc_pauses(getattr(args, "metrics_url", None))
     if commits0 is not None and commits1 is not None:
         args.redis_commits = commits1 - commits0
+    if gc0 is not None and gc1 is not None:
+        args.gc_pauses = {k: gc1[k] - gc0.get(k, 0.0) for k in gc1}
     results = [out.get(timeout=120) for _ in workers]
     for w in workers:
         w.join()
     return cpu0, cpu1, load0, load1, results
+
+
+def gc_pauses(url: str | None) -> dict[tuple[str, str], float] | None:
+    """The coordinator's `rollmux_gc_pause_seconds` buckets so far: {(pass, le): count}, None without
+    /metrics. Differences over the window say how many passes paused it, and for how long at most."""
+    if not url:
+        return None
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "rollmux_gc_pause_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    out[(sample.labels["pass"], sample.labels["le"])] = sample.value
+    return out
+
+
+def gc_summary(buckets: dict[tuple[str, str], float]) -> str:
+    """'young 612 (over 5 ms: 0, over 10 ms: 0), full 0' from bucket-count differences."""
+    parts = []
+    for kind in ("young", "full"):
+        total = buckets.get((kind, "+Inf"), 0.0)
+        over = {ms: total - buckets.get((kind, f"{ms / 1e3}"), total) for ms in (5, 10)}
+        parts.append(f"{kind} {total:.0f} (over 5 ms: {over[5]:.0f}, over 10 ms: {over[10]:.0f})")
+    return ", ".join(parts)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -358,10 +395,11 @@ def main(argv: list[str] | None = None) -> int:
             wait_port(rport)
             redis_url = f"redis://127.0.0.1:{rport}/0"
             store_args = ["--redis", redis_url]
-        port = free_port()
+        port, http_port = free_port(), free_port()
         server = subprocess.Popen([sys.executable, "-m", "rollmux", "coordinator", *store_args, "--listen",
-                                   f"127.0.0.1:{port}", "--http", "", "--lease-ttl", "60", "--log-level", "warning",
-                                   "--heartbeat-interval", str(NODE_HEARTBEAT_S)])
+                                   f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}", "--lease-ttl", "60",
+                                   "--log-level", "warning", "--heartbeat-interval", str(NODE_HEARTBEAT_S)])
+        args.metrics_url = f"http://127.0.0.1:{http_port}/metrics"
         procs.append(server)
         wait_port(port)
         address = f"127.0.0.1:{port}"
@@ -453,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server CPU per permit cycle: {cpu_per_cycle * 1e3:.3f} ms"
           + (f"; Redis commits over the window: {commits} ({commits / args.seconds:,.0f}/s{per_commit})"
              if commits is not None else ""))
+    gc_window = getattr(args, "gc_pauses", None)
+    if gc_window is not None:
+        print(f"coordinator garbage-collection passes over the window: {gc_summary(gc_window)}")
     print(f"{'metric':<34}{'RollMux':>12}{'paper proto':>14}{'ratio':>10}{'target':>10}")
     print(f"{'permit cycles/s offered':<34}{offered:>12,.0f}")
     share = rate / offered if phase_s else float("nan")
@@ -483,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                           "redis_cpu": redis_cpu, "server_cpu_per_cycle_s": cpu_per_cycle,
                           "redis_commits": commits, "loadavg": [load0, load1], "errors": n_errors,
                           "error_codes": codes, "in_flight_at_close": in_flight,
+                          "gc_pause_buckets": {f"{k}:{le}": n for (k, le), n in (gc_window or {}).items()},
                           "ceiling": ceiling}))
     results_ok = _report_checks(args, offered=offered, rate=rate, p99=p99, n_errors=n_errors)
     return 0 if results_ok or not args.check else 1

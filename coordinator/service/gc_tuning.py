@@ -38,6 +38,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,14 @@ def settle() -> int:
 class PacedCollector:
     """Young collections paced by the event loop, survivors frozen; full passes on growth only."""
 
-    def __init__(self, interval_s: float = PASS_INTERVAL_S, reclaim_growth: float = RECLAIM_GROWTH) -> None:
+    def __init__(self, interval_s: float = PASS_INTERVAL_S, reclaim_growth: float = RECLAIM_GROWTH,
+                 on_pause: Callable[[str, float], None] | None = None) -> None:
+        """`on_pause(kind, seconds)` hears every pass ("young" or "full"), e.g. for a metric."""
         if interval_s <= 0 or reclaim_growth <= 0:
             raise ValueError(f"interval_s={interval_s} and reclaim_growth={reclaim_growth} must be > 0")
         self.interval_s = interval_s
         self.reclaim_growth = reclaim_growth
+        self.on_pause = on_pause
         self.passes = 0
         self.full_passes = 0
         self._baseline = 0
@@ -93,15 +97,20 @@ class PacedCollector:
         started = time.perf_counter()
         self._baseline = settle()
         self.full_passes += 1
-        log.info("full collection: %d objects frozen, %.1f ms", self._baseline,
-                 (time.perf_counter() - started) * 1e3)
+        took = time.perf_counter() - started
+        if self.on_pause:
+            self.on_pause("full", took)
+        log.info("full collection: %d objects frozen, %.1f ms", self._baseline, took * 1e3)
         return self._baseline
 
     def step(self) -> None:
         """One young pass, then freeze its survivors; a full pass if the frozen set grew too much."""
+        started = time.perf_counter()
         gc.collect(0)
         gc.freeze()
         self.passes += 1
+        if self.on_pause:
+            self.on_pause("young", time.perf_counter() - started)
         if gc.get_freeze_count() > self._baseline * (1 + self.reclaim_growth):
             self.reclaim()
 

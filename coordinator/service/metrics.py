@@ -15,6 +15,7 @@ REVOKE_REASONS = ("expired", "removed")  # label values of rollmux_permits_revok
 COMMIT_OUTCOMES = ("ok", "failed")  # label values of rollmux_store_commits_total{outcome}
 RELOCATION_OUTCOMES = ("issued", "switched", "expired", "cancelled")  # rollmux_relocations_total{outcome}
 GRANT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+GC_PASSES = ("young", "full")  # label values of rollmux_gc_pause_seconds{pass}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +33,7 @@ class Metrics:
     pool_nodes: Gauge  # rollmux_pool_nodes{pool}: READY nodes per pool (the bubble fraction's denominator)
     store_commits: Counter  # rollmux_store_commits_total{outcome}
     relocations: Counter  # rollmux_relocations_total{outcome}: directives issued and how they ended
+    gc_pause: Histogram  # rollmux_gc_pause_seconds{pass}: the event loop's garbage-collection pauses
     ready: Gauge  # rollmux_ready: 1 when serving
     build_info: Gauge  # rollmux_build_info{version}
 
@@ -60,6 +62,9 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
                               registry=r),
         relocations=Counter("rollmux_relocations_total", "Relocation directives issued, switched, expired, "
                             "cancelled", ["outcome"], registry=r),
+        gc_pause=Histogram("rollmux_gc_pause_seconds", "Garbage-collection passes of the coordinator process "
+                           "(young: paced; full: on heap growth or state reload)", ["pass"],
+                           buckets=GRANT_BUCKETS_S, registry=r),
         ready=Gauge("rollmux_ready", "1 when the coordinator serves requests", registry=r),
         build_info=Gauge("rollmux_build_info", "Build information", ["version"], registry=r),
     )
@@ -75,4 +80,6 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
         m.store_commits.labels(outcome=outcome)
     for outcome in RELOCATION_OUTCOMES:
         m.relocations.labels(outcome=outcome)
+    for kind in GC_PASSES:
+        m.gc_pause.labels(**{"pass": kind})
     return m

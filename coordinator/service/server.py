@@ -147,8 +147,9 @@ async def stop(running: Running) -> None:
 async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | None = None) -> None:
     """Run until cancelled, as this process's one job: with the coordinator's garbage-collector
     pacing (`gc_tuning.PacedCollector`), with a full pass each time the state is (re)loaded."""
-    collector = gc_tuning.PacedCollector()
     running = await start(opts)
+    gc_pause = running.core.metrics.gc_pause
+    collector = gc_tuning.PacedCollector(on_pause=lambda kind, s: gc_pause.labels(**{"pass": kind}).observe(s))
     collector.start()
     set_health = running.core.on_ready_change
 

@@ -22,7 +22,8 @@ SCRIPT = textwrap.dedent(
         pass
 
     async def main():
-        pacer = PacedCollector(interval_s=0.01, reclaim_growth=0.5)
+        heard = []
+        pacer = PacedCollector(interval_s=0.01, reclaim_growth=0.5, on_pause=lambda k, s: heard.append((k, s)))
         pacer.start()
         assert not gc.isenabled()
         full0 = pacer.full_passes
@@ -72,6 +73,8 @@ SCRIPT = textwrap.dedent(
 
         await pacer.stop()
         assert gc.isenabled() and gc.get_freeze_count() == 0
+        kinds = {k for k, _ in heard}
+        assert kinds == {"young", "full"} and all(s >= 0 for _, s in heard), kinds
         print("ok", pacer.passes, pacer.full_passes, len(keep), len(grow))
 
     asyncio.run(main())
