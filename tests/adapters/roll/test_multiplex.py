@@ -231,6 +231,16 @@ def test_phases_interleave_one_job_per_node_in_on_policy_order(runs: dict[str, A
     assert _interleaved(mine["mux-a"], mine["mux-b"]), "the two RLVR jobs ran one after the other"
 
 
+def test_each_rollout_reports_its_progress_under_its_permit(runs: dict[str, Any]) -> None:
+    """RLVR (the batch path here) and agentic rollouts report 0 / n and n / n through the gate to the
+    sidecar, while the job holds its Rollout permit; unset jobs report nothing."""
+    for job in ("mux-a", "mux-b", "mux-g"):
+        reports = runs[job]["progress"]
+        done = [(f, t) for f, t, phase in reports if phase == "rollout" and f == t > 0]
+        assert len(done) == 2 and all(phase == "rollout" for *_, phase in reports), (job, reports)
+    assert all(runs[n]["progress"] is None for n in SOLO)
+
+
 def test_the_agentic_job_interleaves_with_an_rlvr_job(runs: dict[str, Any]) -> None:
     assert runs["agentic_first_permit_s"] is not None, "mux-g never held a node"
     mine = {job: [r for r in runs["records"] if r["job"] == job] for job in ("mux-a", "mux-b", "mux-g")}
