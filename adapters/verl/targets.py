@@ -8,7 +8,8 @@ re-applied, so sync and async callers both keep working):
 call                                           boundary
 =============================================  =====================================================
 ``PPOTrainer.prepare_step`` (v1),              rollout begins (batch submitted to the agent loop)
-``AgentLoopManager.generate_sequences`` (v0)
+``AgentLoopManager.generate_sequences`` (v0),  (v1 validation after a step's sync, too: it runs in
+``AgentLoopManagerTQ.generate_sequences`` (v1)  the next rollout's permit)
 ``CheckpointEngineManager.wake_up_replicas``   rollout begins
 ``CheckpointEngineManager.sleep_replicas``     rollout ends (replicas release their memory)
 ``CheckpointEngineManager.                     rollout begins when no phase is open (``colocate_async``
@@ -20,7 +21,8 @@ actor updates (both trainers)                  the offload between phases)
 ``CheckpointEngineManager.update_weights``     sync (the whole call); before the first rollout it
                                                is the initial weight push and opens rollout(0)
 ``ReplayBuffer._wait_for_next_poll`` (v1)      rollout progress to ``runtime_hook``
-``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends, the job deregisters
+``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends (an open rollout after its
+                                               replicas' requests are aborted), the job deregisters
 ``constants_ppo.get_ppo_ray_runtime_env``      (driver) registration + runtime environment
 =============================================  =====================================================
 """
@@ -44,6 +46,7 @@ CKPT = "verl.checkpoint_engine.base"
 V1 = "verl.trainer.ppo.v1.trainer_base"
 V0 = "verl.trainer.ppo.ray_trainer"
 AGENT = "verl.experimental.agent_loop.agent_loop"
+AGENT_TQ = "verl.trainer.ppo.v1.agent_loop_tq"
 REPLAY = "verl.trainer.ppo.v1.replay_buffer"
 TRAIN_METHODS = ("_compute_reward_colocate", "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values",
                  "_update_critic", "_update_actor")
@@ -101,6 +104,12 @@ def _finish(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     result = wrapped(*args, **kwargs)
     r = runner.runner()
     if r is not None:
+        if not r.finished and r.tracker.current == "rollout":
+            # fit returned inside a rollout: colocate_async resumed generation for prompts no step will
+            # use (or a final validation ran); stop the replicas before the permit goes
+            manager = getattr(instance, "checkpoint_manager", None)
+            if manager is not None:
+                manager.abort_replicas()
         r.finish()
     return result
 
@@ -127,6 +136,8 @@ def targets() -> list[PatchTarget]:
         PatchTarget(module=V0, attribute="RayPPOTrainer.fit", wrapper=_finish),
         PatchTarget(module=AGENT, attribute="AgentLoopManager.generate_sequences", wrapper=begins(_tracker, "rollout"),
                     inner=True, redecorate=_auto_await),
+        PatchTarget(module=AGENT_TQ, attribute="AgentLoopManagerTQ.generate_sequences",
+                    wrapper=begins(_tracker, "rollout")),
         PatchTarget(module=REPLAY, attribute="ReplayBuffer._wait_for_next_poll", wrapper=_progress),
     ]
     for module, cls in ((V1, "PPOTrainer"), (V0, "RayPPOTrainer")):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import ray
@@ -38,11 +39,17 @@ class HFCPUServer:
         self.seed, self.calls = seed, 0
         self.global_steps: int | None = None
         self.lock = asyncio.Lock()
+        self.open = asyncio.Event()  # cleared by abort_all_requests: new requests wait, as vLLM parks them
+        self.open.set()
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        **_: Any) -> TokenOutput:
+        await self.open.wait()
         async with self.lock:
-            return await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+            start = time.time()
+            out = await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+            event("server.generate", start=start, end=time.time())
+            return out
 
     def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
         max_new = int(params.get("max_tokens") or params.get("max_new_tokens") or 8)
@@ -83,11 +90,15 @@ class HFCPUServer:
     def sleep(self) -> None:
         event("server.sleep")
 
-    def abort_all_requests(self, reject_request: bool = False) -> None:
-        return None
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        """Close the gate and wait for the request in flight (ours finish instead of being cut short)."""
+        self.open.clear()
+        async with self.lock:
+            event("server.abort")
 
-    def resume_generation(self) -> None:
-        return None
+    async def resume_generation(self) -> None:
+        self.open.set()
+        event("server.resume")
 
     def clear_kv_cache(self) -> None:
         return None
