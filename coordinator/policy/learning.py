@@ -29,7 +29,7 @@ from rollmux.coordinator.policy.state import PhaseProfile
 from rollmux.errors import SpecError
 from rollmux.model import JobSpec
 
-PRIOR_MIN_JOBS = 10
+PRIOR_MIN_JOBS = 3
 """Learned jobs needed before the fleet prior replaces the worst case as a newcomer's yardstick."""
 
 UNLEARNED_SLO_MARGIN = 0.02

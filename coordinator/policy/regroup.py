@@ -7,7 +7,11 @@ just left, a member at SLO risk) and proposes relocations at iteration boundarie
 - **single move**: take job m out of its group G (releasing the nodes only m uses, or all of G
   when m is alone) and place it where the policy puts it with G excluded;
 - **pair merge**: two jobs that each sit alone become one disaggregated group (the first keeps
-  an isolated shape, the second joins it) when that is cheaper than the two lone groups.
+  an isolated shape, the second joins it) when that is cheaper than the two lone groups;
+- **pool merge** (`PolicyConfig.pool_merge`): two lone jobs become one disaggregated group on
+  *both* their training nodes (none bought): each Train stretches over the pooled nodes, the
+  Rollouts run on the cheap rollout pool. It costs more $/h than the lone groups and saves $ per
+  iteration done (jobs end sooner), so it is weighed over the pair's remaining run.
 
 A relocation costs what the real system pays: stop at an iteration boundary, checkpoint, restart
 the actors on other nodes and reload state (`relocation_s`: `restart_s` plus rollout and train
@@ -133,7 +137,8 @@ def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], 
         gid = state.job_group.get(name)
         if gid is None:
             continue
-        moves = _single_move(state, policy, name, gid, remaining(name)) or _pair_merge(state, policy, name, gid, remaining)
+        moves = (_single_move(state, policy, name, gid, remaining(name)) or _pair_merge(state, policy, name, gid, remaining)
+                 or _pool_merge(state, policy, name, gid, remaining))
         if moves:
             return moves  # the state changes once a plan is applied; the caller asks again
     return []
@@ -239,10 +244,11 @@ def _pair_may_pay(a: JobSpec, b: JobSpec, alone_usd_per_h: float, state: Cluster
     return lower <= min(a.slo * a.t_solo_s, b.slo * b.t_solo_s) * (1 + 1e-9)
 
 
-def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState, profiles: dict[str, PhaseProfile] | None = None
-               ) -> tuple[float, PlacementDecision, PlacementDecision] | None:
+def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState, profiles: dict[str, PhaseProfile] | None = None,
+               pooled: bool = False) -> tuple[float, PlacementDecision, PlacementDecision] | None:
     """$/h of a disaggregated group holding a (isolated shape) and then b, with both decisions; None if infeasible.
 
+    The group trains on a's training nodes, or with `pooled` on a's and b's together (pool merge).
     `profiles` (job -> the profile it runs with now, learned where confident) plan the pair's SLO check;
     planned worst-case times without them.
     """
@@ -252,7 +258,8 @@ def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState, profiles: dict[str, 
     if cluster.nodes_for(b.n_train_gpus) > cluster.nodes_for(a.n_train_gpus):
         return None
     r_nodes = tuple(f"{_PAIR_GROUP}r{i}" for i in range(cluster.nodes_for(a.n_rollout_gpus)))
-    scratch = GroupState(_PAIR_GROUP, cluster, tuple(f"{_PAIR_GROUP}t{i}" for i in range(cluster.nodes_for(a.n_train_gpus))),
+    t_count = cluster.nodes_for(a.n_train_gpus) + (cluster.nodes_for(b.n_train_gpus) if pooled else 0)
+    scratch = GroupState(_PAIR_GROUP, cluster, tuple(f"{_PAIR_GROUP}t{i}" for i in range(t_count)),
                          cluster.host_dram_bytes)
     for n in r_nodes:
         scratch.add_rollout_node(n, cluster.host_dram_bytes)
@@ -275,6 +282,81 @@ def _pair_cost(a: JobSpec, b: JobSpec, state: ClusterState, profiles: dict[str, 
                                      t_coexec_s=periods, reason=f"pair merge: joins {a.name}")
             return scratch.usd_per_h + cand.new_nodes * node_price, iso, join
     return None
+
+
+def _pool_may_pay(pa: PhaseProfile, a: JobSpec, pb: PhaseProfile, b: JobSpec, round_usd: float,
+                  state: ClusterState) -> bool:
+    """Cheap necessary conditions for a pool merge: the pooled group's $ for one iteration of each job
+    (at a lower bound of its period) beats the lone groups', and that period fits the tighter budget."""
+    c = state.cluster
+    t_nodes = c.nodes_for(a.n_train_gpus) + c.nodes_for(b.n_train_gpus)
+    gpus = t_nodes * c.gpus_per_node
+    t_a, t_b = pa.t_train_s * a.n_train_gpus / gpus, pb.t_train_s * b.n_train_gpus / gpus
+    lower = max(t_a + t_b, pa.t_roll_s + t_a, pb.t_roll_s + t_b)
+    usd = (t_nodes * c.node_usd_per_h(Pool.TRAIN)
+           + max(c.nodes_for(a.n_rollout_gpus), c.nodes_for(b.n_rollout_gpus)) * c.node_usd_per_h(Pool.ROLLOUT))
+    return usd * lower < round_usd and lower <= min(a.slo * pa.t_solo_s, b.slo * pb.t_solo_s) * (1 + 1e-9)
+
+
+def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining: RemainingFn) -> list[Move] | None:
+    """`name` alone in `gid` and another lone job: one disaggregated group on both jobs' training nodes?
+
+    The pair keeps every training node the two lone groups had (none is bought) and shares one set
+    of rollout nodes (the larger job's shape; the second job direct-packs or scales them). Each
+    member's Train stretches over the pooled nodes, so the pool runs both Trains back to back
+    while their Rollouts run on the cheap rollout pool: $/h goes up, the work done per $ more.
+    Taken when the $ it saves over the pair's remaining run (the survivor going back to a lone
+    group of its old price once the shorter job ends) is `regroup_payback` times the group's $ for
+    the downtime, and the downtime fits each job's SLO slack, as for the other moves.
+    """
+    group = state.groups[gid]
+    config = policy.config
+    if not config.pool_merge or len(group.members) != 1:
+        return None
+    a_member = group.members[name]
+    a = a_member.spec
+    n_a = remaining(name) / a.t_solo_s  # iterations left
+    if n_a <= 0 or Deployment.DISAGGREGATED not in _allowed(a, config):
+        return None
+    p_a = a_member.t_roll_s + a_member.t_train_in_group_s
+    best: tuple[float, list[Move]] | None = None
+    for other in state.groups.values():
+        if other.group_id == gid or len(other.members) != 1:
+            continue
+        (b_name, b_member), = other.members.items()
+        b = b_member.spec
+        n_b = remaining(b_name) / b.t_solo_s
+        if n_b <= 0 or Deployment.DISAGGREGATED not in _allowed(b, config):
+            continue
+        p_b = b_member.t_roll_s + b_member.t_train_in_group_s  # a lone group runs at its member's own cycle
+        if not _pool_may_pay(a_member.profile, a, b_member.profile, b, group.usd_per_h * p_a + other.usd_per_h * p_b,
+                             state):
+            continue
+        prof = {name: a_member.profile, b_name: b_member.profile}
+        cost = _pair_cost(a, b, state, prof, pooled=True)
+        if cost is None:
+            continue
+        usd, iso, join = cost
+        period = max(join.t_coexec_s.values())
+        # $ x s / h over the pair's remaining run, before and after (the survivor moves back alone).
+        before = group.usd_per_h * n_a * p_a + other.usd_per_h * n_b * p_b
+        shared = min(n_a, n_b)
+        survivor, n_s, lone_usd, p_s = ((a, n_a - shared, group.usd_per_h, p_a) if n_a >= n_b
+                                        else (b, n_b - shared, other.usd_per_h, p_b))
+        after = usd * shared * period + (lone_usd * (n_s * p_s + relocation_s(survivor, config)) if n_s > 0 else 0.0)
+        down = {name: relocation_s(a, config), b_name: relocation_s(b, config)}
+        gain = (before - after) / 3600.0
+        if gain <= config.regroup_payback * usd * max(down.values()) / 3600.0 or (best is not None and gain <= best[0]):
+            continue
+        if not all(down[sp.name] <= SLACK_SHARE * (sp.slo - _slowdown(join, sp, prof[sp.name])) * remaining(sp.name)
+                   for sp in (a, b)):
+            continue
+        where = {name: gid, b_name: other.group_id}
+        why = (f"{name} and {b_name} alone (${group.usd_per_h + other.usd_per_h:,.2f}/h) pool their training nodes "
+               f"in one group (${usd:,.2f}/h, period {period:.0f} s): saves ${gain:,.0f} over their run")
+        best = (gain, [Move(job=d.job, from_group=where[d.job], decision=d, saving_usd_per_h=gain * 3600.0 / max(shared * period, 1.0),
+                            downtime_s=down[d.job], reason=why) for d in (iso, join)])
+    return best[1] if best else None
 
 
 def apply_moves(state: ClusterState, moves: Sequence[Move]) -> list[str]:

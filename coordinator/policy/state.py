@@ -96,7 +96,7 @@ class GroupState:
 
     __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
                  "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
-                 "train_pool", "train_unavailable", "_cluster")
+                 "max_member_train_nodes", "train_pool", "train_unavailable", "_cluster")
 
     def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
                  train_dram_bytes: int, train_pool: Pool = Pool.TRAIN) -> None:
@@ -114,6 +114,7 @@ class GroupState:
         self.min_budget_s = float("inf")
         self.min_budget_job = ""  # the member whose SLO binds first
         self.max_node_load_s = 0.0
+        self.max_member_train_nodes = 0  # most training nodes one member needs (N_T); < the pool's after a pool merge
         self.train_unavailable: set[str] = set()  # training nodes that cannot take work now
 
     # -- derived -------------------------------------------------------------------------------
@@ -191,6 +192,7 @@ class GroupState:
         self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
         if member.budget_s < self.min_budget_s:
             self.min_budget_s, self.min_budget_job = member.budget_s, job.name
+        self.max_member_train_nodes = max(self.max_member_train_nodes, self._cluster.nodes_for(job.n_train_gpus))
 
     def _drop_loads(self, member: Member, release: bool = True) -> list[str]:
         """Take the member's loads off its nodes; with `release`, nodes left empty leave the group."""
@@ -215,6 +217,7 @@ class GroupState:
         self.min_budget_s = tightest.budget_s if tightest else float("inf")
         self.min_budget_job = tightest.spec.name if tightest else ""
         self.max_node_load_s = max((r.load_s for r in self.rollout.values()), default=0.0)
+        self.max_member_train_nodes = max((self._cluster.nodes_for(m.spec.n_train_gpus) for m in ms), default=0)
 
     def remove_member(self, name: str) -> list[str]:
         """Remove a member; returns the rollout nodes left empty (released)."""

@@ -76,11 +76,18 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
                         help="RollMux: plan with worst-case phase times for the job's whole life (no learned times)")
     parser.add_argument("--no-regroup", action="store_true",
                         help="RollMux: never relocate a running job (no consolidation on departures or SLO risk)")
+    parser.add_argument("--no-pool-merge", action="store_true",
+                        help="RollMux: regrouping never pools two lone jobs' training nodes into one disaggregated group")
+    parser.add_argument("--coexec-margin", type=float, default=PolicyConfig().coexec_margin, metavar="M",
+                        help="RollMux: a join must keep every member's fixed-time period within budget / (1 + M) "
+                             "(0: up to the budget) [default: %(default)s]")
 
 
 def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5), modes=not args.no_modes,
-                        learn=not args.no_learning, regroup=not args.no_regroup)
+                        learn=not args.no_learning, regroup=not args.no_regroup,
+                        pool_merge=not getattr(args, "no_pool_merge", False),
+                        coexec_margin=getattr(args, "coexec_margin", PolicyConfig().coexec_margin))
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:

@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
-from rollmux.coordinator.policy.intra_group import TRAIN_POOL, simulate_round_robin
+from rollmux.coordinator.policy.api import RejectReason
+from rollmux.coordinator.policy.intra_group import TRAIN_POOL, cycle_time, simulate_round_robin
 from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.policy.modes import colocated_solo_s
 from rollmux.coordinator.policy.placement import new_group_options
-from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_moves, relocation_s
+from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_moves, relocation_s, work_rate
 from rollmux.model import ClusterSpec, Deployment, JobSpec, Phase, Pool
 from rollmux.testing import make_job
 
@@ -97,8 +98,16 @@ def test_a_placement_never_costs_more_than_colocating_the_job_alone(raw) -> None
         state.apply(job, d)
         plan = plan_moves(state, policy, [job.name], lambda _: 1e9)
         before = state.usd_per_h
+        # $ for one iteration of each moved job where it is (a lone job's group runs at its own period).
+        round_usd = sum(state.groups[m.from_group].usd_per_h * cycle_time(state.groups[m.from_group].timings())
+                        for m in plan)
         apply_moves(state, plan)
-        assert state.usd_per_h <= before + 1e-9  # a move is only taken when it saves
+        if plan and "pool their training nodes" in plan[0].reason:
+            # A pool merge buys throughput: more $/h, less $ for the same iterations (jobs end sooner).
+            pooled = state.groups[state.job_group[plan[0].job]]
+            assert pooled.usd_per_h * cycle_time(pooled.timings()) < round_usd - 1e-9
+        else:
+            assert state.usd_per_h <= before + 1e-9  # any other move is only taken when it saves $/h
         for g in state.groups.values():
             g.check_invariants()
 
@@ -139,6 +148,50 @@ def test_two_lone_jobs_are_merged_into_one_group_when_that_pays() -> None:
     assert set(group.members) == {"a", "b"} and state.usd_per_h == pytest.approx(8 * 1.85 + NODE_T)
     specs = {"a": a, "b": b}
     assert all(m.downtime_s == pytest.approx(relocation_s(specs[m.job], policy.config)) for m in moves)
+
+
+def _lone_train_heavy_pair(config: PolicyConfig) -> tuple[ClusterState, RollMuxPolicy]:
+    state, policy = ClusterState(), RollMuxPolicy(config)
+    for name in ("a", "b"):  # too train-heavy to share one training node within SLO 1.5
+        job = make_job(name, roll=40, train=160, slo=1.5)
+        decision = policy.place(job, state)
+        assert decision.deployment is Deployment.COLOCATED_TRAIN and decision.group_id is None
+        state.apply(job, decision)
+    return state, policy
+
+
+def test_two_lone_train_heavy_jobs_pool_their_training_nodes_when_that_pays() -> None:
+    state, policy = _lone_train_heavy_pair(PolicyConfig())
+    before = {gid: (g.usd_per_h, work_rate(g)) for gid, g in state.groups.items()}
+    moves = plan_moves(state, policy, ["b"], lambda _: 1e7)
+    assert {m.job for m in moves} == {"a", "b"} and "pool their training nodes" in moves[0].reason
+    apply_moves(state, moves)
+    (group,) = state.groups.values()
+    assert len(group.train_nodes) == 2 and len(group.rollout) == 1  # both H800 nodes kept, one H20 node added
+    assert all(m.deployment is Deployment.DISAGGREGATED for m in group.members.values())
+    # Each Train stretches over both nodes: the period beats each job's lone co-located iteration.
+    usd_before, rate_before = (sum(v[k] for v in before.values()) for k in (0, 1))
+    assert state.usd_per_h > usd_before and state.usd_per_h / work_rate(group) < 0.95 * usd_before / rate_before
+    # The pooled group takes no newcomer: it would keep both training nodes alive for more work.
+    c = make_job("c", roll=40, train=40, slo=2.0)
+    d = policy.place(c, state)
+    assert d.group_id is None
+    assert any(r.group_id == group.group_id and r.reason is RejectReason.TRAIN_POOL for r in d.rejections), d.explain()
+    # Switched off, or with too little run left to pay for two restarts, nothing moves.
+    off, off_policy = _lone_train_heavy_pair(PolicyConfig(pool_merge=False))
+    assert plan_moves(off, off_policy, ["b"], lambda _: 1e7) == []
+    short, short_policy = _lone_train_heavy_pair(PolicyConfig())
+    assert plan_moves(short, short_policy, ["b"], lambda _: 3600.0) == []
+
+
+def test_a_newcomer_keeps_a_co_execution_margin_below_its_budget() -> None:
+    a = make_job("a", roll=100, train=100, slo=2.0)
+    b = make_job("b", roll=100, train=100, slo=1.0)  # period with a: 200 = exactly b's budget
+    for margin, joins in ((0.0, True), (0.02, False)):
+        policy = RollMuxPolicy(PolicyConfig(modes=False, regroup=False, coexec_margin=margin))
+        state = ClusterState()
+        state.apply(a, policy.place(a, state))
+        assert (policy.place(b, state).group_id is not None) is joins
 
 
 def test_a_move_that_cannot_pay_back_its_downtime_is_not_taken() -> None:

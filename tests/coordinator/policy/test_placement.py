@@ -96,8 +96,9 @@ def test_fill_saturated_packs_when_every_slo_still_holds() -> None:
 
 
 def test_group_size_limit() -> None:
-    # Rollout-heavy jobs with no slack scale the rollout pool: the group stays unsaturated.
-    jobs = [make_job(f"j{i}", roll=100, train=10, slo=1.0) for i in range(3)]
+    # Rollout-heavy jobs with little slack (SLO 1.05: above the 2% co-execution margin) scale the
+    # rollout pool: the group stays unsaturated.
+    jobs = [make_job(f"j{i}", roll=100, train=10, slo=1.05) for i in range(3)]
     state, decisions = place_all(jobs, max_group_size=2)
     assert decisions[2].strategy is Strategy.ISOLATED
     assert RejectReason.GROUP_FULL in {r.reason for r in decisions[2].rejections}
