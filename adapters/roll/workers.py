@@ -12,15 +12,17 @@ loads the adapter because the driver passed the opt-in variable in the job's run
 * :func:`wrap_batch_rollout` / :func:`wrap_replay_get_batch` (RLVR's rollout scheduler actor) and
   :func:`wrap_agentic_batch` (the agentic ``RolloutScheduler`` actor, train mode): rollout progress
   (finished / total responses) goes to the rollout gate actor, which reports it through
-  ``rollmux.runtime_hook``. Per response on ROLL's request path (``generate_opt_level`` 1, vLLM and
-  SGLang); start and end only on the batch path (``generate_opt_level`` 0) and for agentic rollouts
-  (trajectories are counted inside ``GroupQueueManager``, a Ray actor class the adapter does not wrap).
-  A migration directive is logged, not followed (docs/roll.md says why).
+  ``rollmux.runtime_hook``. As responses finish on ROLL's request path (``generate_opt_level`` 1, vLLM
+  and SGLang; at most every ``PROGRESS_INTERVAL_S`` between a rollout's first and last report); start
+  and end only on the batch path (``generate_opt_level`` 0) and for agentic rollouts (trajectories are
+  counted inside ``GroupQueueManager``, a Ray actor class the adapter does not wrap). The gate logs a
+  migration directive and does not follow it (docs/roll.md says why).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +72,35 @@ def wrap_sglang_offload(wrapped: Callable[..., Any], instance: Any, args: tuple[
     return offload()
 
 
+PROGRESS_INTERVAL_S = 0.25
+"""Least seconds between two progress reports of a rollout in between its first (0) and last (n / n): on
+ROLL's request path every response would otherwise cost a gate call, a sidecar RPC and a coordinator write."""
+
+
+class _Reporter:
+    """This process's route to the job's rollout gate: the actor handle looked up once (two GCS lookups
+    per report otherwise, on the rollout's path), and the time of the last report sent."""
+
+    def __init__(self) -> None:
+        self.gate: Any = None
+        self.last_s = 0.0
+
+    def due(self, finished: int, total: int) -> bool:
+        now = time.monotonic()
+        if finished in (0, total) or now - self.last_s >= PROGRESS_INTERVAL_S:
+            self.last_s = now
+            return True
+        return False
+
+    def send(self, finished: int, total: int) -> None:
+        if self.gate is None:
+            self.gate = _rollout_gate()
+        self.gate.progress.remote(finished, total)
+
+
+_reporter = _Reporter()
+
+
 def _rollout_gate() -> Any:
     """The gate that holds the job's Rollout permit: the rollout pool's, or, in a co-located job (whose
     only gate is the training pool's), the training pool's."""
@@ -82,11 +113,14 @@ def _rollout_gate() -> Any:
 
 
 def report_progress(finished: int, total: int) -> None:
-    """Send rollout progress to the job's rollout gate (fire and forget; never fails the rollout)."""
+    """Send rollout progress to the job's rollout gate (fire and forget; never fails the rollout). The
+    first and last report of a rollout always go; those in between at most every ``PROGRESS_INTERVAL_S``."""
+    if not _reporter.due(int(finished), int(total)):
+        return
     try:
-        gate = _rollout_gate()
-        gate.progress.remote(int(finished), int(total))
+        _reporter.send(int(finished), int(total))
     except Exception as exc:  # progress is advisory: a missing gate must not stop generation
+        _reporter.gate = None  # look it up again next time
         log.debug("rollmux: rollout progress not reported: %s", exc)
 
 

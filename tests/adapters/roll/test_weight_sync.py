@@ -72,7 +72,10 @@ def test_the_inference_worker_holds_memory_only_under_its_rollout_permits(run: d
 
 def test_a_disaggregated_job_rolls_out_on_the_rollout_pool(run: dict[str, Any]) -> None:
     """actor_infer and actor_train on disjoint GPUs: the job registers disaggregated, so its Rollout
-    permit is held on the rollout node and Train and Sync on the training node."""
+    permit is held on the rollout node and Train and Sync on the training node, and its rollout
+    progress goes to the rollout node's gate while that permit is held."""
     assert run["rc"] == 0, run["log_tail"]
     nodes = {(r["phase"], r["node"]) for r in run["records"]}
     assert nodes == {("rollout", "r0"), ("train", "t0"), ("sync", "t0")}, nodes
+    done = [f for f, t, phase in run["progress"] if phase == "rollout" and f == t > 0]
+    assert len(done) == 2, run["progress"]
