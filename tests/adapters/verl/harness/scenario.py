@@ -41,9 +41,11 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
     """Start every job at once (each with its opt-in variables, or none) and wait for all; `watch` is
     called with the running processes about twice a second.
 
-    With `start_file`, every trainer waits at ``fit()`` (``rollmux_verl_cpu._start_gate``) until all jobs
-    got there (or one exited), so their first phases start together: start-up alone varies by tens of
-    seconds between two jobs on a loaded box, more than a whole 2-step run."""
+    With `start_file`, every trainer waits at ``fit()`` (``rollmux_verl_cpu._start_gate``) until every job
+    still running got there, so their first phases start together: start-up alone varies by tens of
+    seconds between two jobs on a loaded box, more than a whole 2-step run. A job that exited (the
+    killed victim, a failure) is not waited for; it used to open the gate for all, so a job still
+    starting up could find the others done (legacyjob ran both steps before v1job's first permit)."""
     t0 = time.monotonic()
     extra = {START_FILE: str(start_file)} if start_file is not None else {}
     procs = {j.name: (j, j.start({**(opt_in or {}), **extra} or None)) for j, opt_in in jobs}
@@ -56,8 +58,8 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
                 if name not in out and p.poll() is not None:
                     out[name] = Finished(job=j, rc=p.returncode, wall_s=time.monotonic() - t0)
             if start_file is not None and not start_file.exists() and \
-                    (out or all(_at_start_gate(j) for j, _ in procs.values())):
-                start_file.touch()
+                    all(_at_start_gate(j) for name, (j, _) in procs.items() if name not in out):
+                start_file.touch()  # every job still running waits at fit() (one that exited waits for nobody)
             if watch is not None:
                 watch({n: p for n, (_, p) in procs.items() if n not in out})
             time.sleep(0.5)
