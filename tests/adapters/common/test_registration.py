@@ -79,14 +79,22 @@ def test_phase_times_are_read_and_reach_the_spec(monkeypatch: pytest.MonkeyPatch
     assert job_spec(cfg, name="j", slo=2.0, params=10**9).t_roll_s is None  # left to the coordinator's estimate
 
 
-@pytest.mark.parametrize(("rollout", "mode"), [({}, "colocated-train"), ({"nnodes": 1, "n_gpus_per_node": 2}, "disaggregated")])
-def test_a_verl_job_registers_its_own_deployment_mode(rollout: dict, mode: str) -> None:  # type: ignore[type-arg]
-    """veRL's hybrid engine (the default) rolls out on the training GPUs; a standalone rollout pool
-    (``rollout.nnodes > 0``) is disaggregated. veRL builds its pools from the config: a constraint."""
+STANDALONE = {"nnodes": 1, "n_gpus_per_node": 2}
+
+
+@pytest.mark.parametrize(("rollout", "trainer_mode", "mode"), [
+    ({}, "sync", "colocated-train"),
+    (STANDALONE, "sync", "colocated-train"),  # veRL 0.9's sync trainer ignores rollout.nnodes: hybrid engine
+    (STANDALONE, "separate_async", "disaggregated"),  # its only standalone-rollout trainer
+])
+def test_a_verl_job_registers_its_own_deployment_mode(rollout: dict, trainer_mode: str,  # type: ignore[type-arg]
+                                                      mode: str) -> None:
+    """veRL's hybrid engine rolls out on the training GPUs; only the v1 ``separate_async`` trainer
+    builds a standalone rollout pool (disaggregated). veRL builds its pools from the config: a constraint."""
     from rollmux.adapters.verl.spec import job_spec
 
     cfg = {"actor_rollout_ref": {"model": {"path": "unused"}, "rollout": rollout},
-           "trainer": {"nnodes": 1, "n_gpus_per_node": 2}}
+           "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": trainer_mode}}}
     spec = job_spec(cfg, name="j", slo=2.0, params=10**9)
     assert spec.deployment is not None and spec.deployment.value == mode
     assert (spec.n_train_gpus, spec.n_rollout_gpus) == (2, 2)
