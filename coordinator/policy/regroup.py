@@ -23,13 +23,13 @@ downtime to the moved job. The plan is pure data; `apply_moves` carries it out o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
-from rollmux.coordinator.policy.state import ClusterState, GroupState, PhaseProfile
+from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.model import GB, Deployment, JobSpec, Pool
 
 RemainingFn = Callable[[str], float]
@@ -168,6 +168,14 @@ def _single_move(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str
                         f"{decision.deployment.value} in {decision.group_id or 'a new group'}")]
 
 
+def _lone_jobs(state: ClusterState, but: str) -> Iterator[tuple[GroupState, str, Member]]:
+    """(group, job name, member) of every group but `but` that holds exactly one job."""
+    for other in state.groups.values():
+        if other.group_id != but and len(other.members) == 1:
+            (name, member), = other.members.items()
+            yield other, name, member
+
+
 def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining: RemainingFn) -> list[Move] | None:
     """`name` alone in `gid` and another job alone elsewhere: one disaggregated group for both?"""
     group = state.groups[gid]
@@ -176,10 +184,7 @@ def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     a = group.members[name].spec
     config = policy.config
     best: tuple[float, list[Move]] | None = None
-    for other in state.groups.values():
-        if other.group_id == gid or len(other.members) != 1:
-            continue
-        (b_name, b_member), = other.members.items()
+    for other, b_name, b_member in _lone_jobs(state, but=gid):
         b = b_member.spec
         if Deployment.DISAGGREGATED not in _allowed(a, config) or Deployment.DISAGGREGATED not in _allowed(b, config):
             continue
@@ -320,10 +325,7 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
         return None
     p_a = a_member.t_roll_s + a_member.t_train_in_group_s
     best: tuple[float, list[Move]] | None = None
-    for other in state.groups.values():
-        if other.group_id == gid or len(other.members) != 1:
-            continue
-        (b_name, b_member), = other.members.items()
+    for other, b_name, b_member in _lone_jobs(state, but=gid):
         b = b_member.spec
         n_b = remaining(b_name) / b.t_solo_s
         if n_b <= 0 or Deployment.DISAGGREGATED not in _allowed(b, config):
