@@ -128,7 +128,7 @@ def _noop_server_proc(port: int, ready: mp.Event) -> None:  # type: ignore[valid
 
 
 async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: float, start_at: float,
-                       t_measure: float, t_end: float, out: mp.Queue) -> None:
+                       t_measure: float, t_end: float, out: mp.Queue, keep_asks: bool = False) -> None:
     import grpc
 
     from rollmux.proto import rollmux_v1_pb2 as pb
@@ -137,6 +137,7 @@ async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: flo
     channel = grpc.aio.insecure_channel(address)
     stub = pb_grpc.CoordinatorStub(channel)
     lat: list[float] = []  # every ask made inside the window, also those answered after it closed
+    asks: list[tuple[float, float]] = []  # (seconds into the window, latency) per ask, with --dump-asks
     cycles = 0  # grants answered inside the window
     in_flight_at_close = 0  # asks made inside the window, answered after it closed (drained)
     errors: list[dict[str, object]] = []
@@ -175,6 +176,8 @@ async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: flo
                 t1 = time.monotonic()
                 if t0 >= t_measure:
                     lat.append(t1 - t0)
+                    if keep_asks:
+                        asks.append((t0 - t_measure, t1 - t0))
                     in_flight_at_close += t1 > t_end
                 cycles += t_measure <= t1 <= t_end and resp.outcome == pb.WAIT_OUTCOME_GRANTED
             errors.append({"job": name, "call": call, "code": "NOT_GRANTED", "details": resp.reason,
@@ -195,7 +198,7 @@ async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: flo
             errors.append({"job": "?", "call": "?", "code": type(r).__name__, "details": repr(r),
                            "at_s": time.monotonic() - t_end})
     await channel.close()
-    out.put({"cycles": cycles, "lat": lat, "cpu_s": c_end - c_measure, "setup_cpu_s": c_measure - c0,
+    out.put({"cycles": cycles, "lat": lat, "asks": asks, "cpu_s": c_end - c_measure, "setup_cpu_s": c_measure - c0,
              "in_flight_at_close": in_flight_at_close, "errors": errors[:5], "n_errors": len(errors),
              "error_codes": _count(f"{e['call']}: {e['code']}" for e in errors)})
 
@@ -283,7 +286,8 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     start_at = time.monotonic() + 2.0 + 0.002 * args.jobs  # client processes start, import and connect first
     t_measure = start_at + phase_s + args.warmup
     t_end = t_measure + args.seconds
-    kw = {"mode": args.mode, "phase_s": phase_s, "start_at": start_at, "t_measure": t_measure, "t_end": t_end}
+    kw = {"mode": args.mode, "phase_s": phase_s, "start_at": start_at, "t_measure": t_measure, "t_end": t_end,
+          "keep_asks": bool(args.dump_asks)}
     out: mp.Queue = MP.Queue()
     shards = [jobs[k::args.clients] for k in range(args.clients)]
     workers = [MP.Process(target=_client_proc, args=(address, s, kw, out), daemon=True) for s in shards]
@@ -360,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--embedded", action="store_true", help="embedded store instead of Redis (for comparison)")
     ap.add_argument("--check", action="store_true", help="exit 1 below the targets")
     ap.add_argument("--json", action="store_true", help="print the result as JSON too")
+    ap.add_argument("--dump-asks", metavar="FILE",
+                    help="write every ask in the window as [seconds into the window, latency s] (JSON) to FILE: "
+                         "a timeline that tells stall episodes from a spread tail")
     ap.add_argument("--ceiling", action="store_true",
                     help="then drive a stateless no-op gRPC server the same way: what this machine's gRPC "
                          "stack allows right now, beside the coordinator's figures")
@@ -472,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             codes[k] = codes.get(k, 0) + n
     cycles = sum(r["cycles"] for r in results)
     lat = [x for r in results for x in r["lat"]]
+    if args.dump_asks:
+        Path(args.dump_asks).write_text(json.dumps(sorted(a for r in results for a in r["asks"])))
     rate = cycles / args.seconds
     offered = args.jobs / phase_s if phase_s else float("inf")
     p50, p99 = pct(lat, 0.50), pct(lat, 0.99)
