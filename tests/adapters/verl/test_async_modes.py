@@ -26,11 +26,8 @@ ON_POLICY = [(p, i) for i in range(2) for p in ("rollout", "train", "sync")]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not scenario.redis_available():
-        pytest.fail("redis-server is missing: run scripts/setup.sh --dev")
-    root = tmp_path_factory.mktemp("verl-modes")
-    assets = build(root / "assets")
+def runs(verl_workspace: tuple[Path, Path]) -> dict:
+    root, assets = verl_workspace
     jobs = [VerlJob(name=ASYNC, assets=assets, workdir=root / ASYNC, steps=2,
                     extra=("trainer.v1.trainer_mode=colocate_async",)),
             VerlJob(name=VAL, assets=assets, workdir=root / VAL, steps=2, extra=("trainer.test_freq=1",))]

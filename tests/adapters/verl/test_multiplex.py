@@ -18,7 +18,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "harness"))
 import scenario  # noqa: E402
-from assets import build  # noqa: E402
 from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
 
 from rollmux.demo.report import order_violations, overlaps, spans  # noqa: E402
@@ -69,11 +68,8 @@ class Watch:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not scenario.redis_available():
-        pytest.fail("redis-server is missing: run scripts/setup.sh --dev")
-    root = tmp_path_factory.mktemp("verl")
-    assets = build(root / "assets")
+def runs(verl_workspace: tuple[Path, Path]) -> dict:
+    root, assets = verl_workspace
     solo_jobs = jobs(root, assets, "solo")
     solo = scenario.run([(j, {env.EVENT_LOG: str(j.workdir / "rollmux-events.jsonl")}) for j in solo_jobs])
     issued: list[str] = []
