@@ -138,11 +138,15 @@ def _bracketed(call: Callable[[], Any], total: int) -> Any:
     return run()
 
 
+def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The ``batch_size`` argument of a ``(data, batch_size)`` scheduler call (0 when absent)."""
+    return int(kwargs.get("batch_size", args[1] if len(args) > 1 else 0) or 0)
+
+
 def wrap_batch_rollout(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
     """``DynamicSamplingScheduler.get_batch_opt_level_0``: one batched generate; 0 / n, then n / n."""
-    total = int(kwargs.get("batch_size", args[1] if len(args) > 1 else 0) or 0)
-    return _bracketed(lambda: wrapped(*args, **kwargs), total)
+    return _bracketed(lambda: wrapped(*args, **kwargs), _batch_size(args, kwargs))
 
 
 class _ProgressBar:
@@ -173,5 +177,5 @@ def wrap_agentic_batch(wrapped: Callable[..., Any], instance: Any, args: tuple[A
                        kwargs: dict[str, Any]) -> Any:
     """``RolloutScheduler._get_batch_impl(data, batch_size)`` of the train rollout: 0 / n, then n / n
     (validation and ``batch_size <= 0``, "run to the end", report nothing)."""
-    total = int(kwargs.get("batch_size", args[1] if len(args) > 1 else 0) or 0)
-    return _bracketed(lambda: wrapped(*args, **kwargs), total if getattr(instance, "mode", None) == "train" else 0)
+    train = getattr(instance, "mode", None) == "train"
+    return _bracketed(lambda: wrapped(*args, **kwargs), _batch_size(args, kwargs) if train else 0)
