@@ -25,6 +25,10 @@ from rollmux.sidecar import env  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 KEYS = ("actor/pg_loss", "critic/score/mean", "training/rollout_probs_diff_max")
+# rollout vs trainer log-prob gap: fp32 rounding noise (~7e-5 here) whose maximum moves with reduction order
+# between runs (one CI run: 7.65e-5 alone, 6.82e-5 muxed), so it is compared on an absolute scale a few
+# times that spread; the loss and score keys stay at rel 1e-3.
+NOISE_KEYS_ABS_TOL = {"training/rollout_probs_diff_max": 5e-5}
 LEASE_TTL_S = 10.0
 VICTIM = "victim"
 
@@ -118,7 +122,8 @@ def test_multiplexing_changes_timing_only(runs: dict) -> None:
             keys = [k for k in alone[step] if k in KEYS or (k.startswith("actor/") and not k.startswith("actor/perf"))]
             assert {"critic/score/mean", "training/rollout_probs_diff_max"} <= set(keys), keys
             for key in keys:
-                assert math.isclose(alone[step][key], muxed[step][key], rel_tol=1e-3, abs_tol=1e-6), \
+                abs_tol = NOISE_KEYS_ABS_TOL.get(key, 1e-6)
+                assert math.isclose(alone[step][key], muxed[step][key], rel_tol=1e-3, abs_tol=abs_tol), \
                     (name, step, key, alone[step][key], muxed[step][key])
 
 
