@@ -186,20 +186,32 @@ async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: flo
             errors.append({"job": name, "call": call, "code": exc.code().name, "details": exc.details(),
                            "at_s": time.monotonic() - t_end})
 
+    loop_lags: list[float] = []  # how late a 10 ms sleep in the window woke up, when over 2 ms
+
+    async def sample_loop_lag() -> None:
+        await asyncio.sleep(max(0.0, t_measure - time.monotonic()))
+        while time.monotonic() < t_end:
+            due = time.monotonic() + 0.01
+            await asyncio.sleep(0.01)
+            if (late := time.monotonic() - due) > 0.002:
+                loop_lags.append(late)
+
     c0 = time.process_time()
     tasks = [asyncio.ensure_future(one(*j)) for j in jobs]
+    lag_sampler = asyncio.ensure_future(sample_loop_lag())
     _quiet_heap()
     await asyncio.sleep(max(0.0, t_measure - time.monotonic()))
     c_measure = time.process_time()
     await asyncio.sleep(max(0.0, t_end - time.monotonic()))
     c_end = time.process_time()
+    await lag_sampler
     for r in await asyncio.gather(*tasks, return_exceptions=True):  # drain: every ask gets its answer
         if isinstance(r, BaseException):
             errors.append({"job": "?", "call": "?", "code": type(r).__name__, "details": repr(r),
                            "at_s": time.monotonic() - t_end})
     await channel.close()
     out.put({"cycles": cycles, "lat": lat, "asks": asks, "cpu_s": c_end - c_measure, "setup_cpu_s": c_measure - c0,
-             "in_flight_at_close": in_flight_at_close, "errors": errors[:5], "n_errors": len(errors),
+             "in_flight_at_close": in_flight_at_close, "loop_lags": loop_lags, "errors": errors[:5], "n_errors": len(errors),
              "error_codes": _count(f"{e['call']}: {e['code']}" for e in errors)})
 
 
@@ -297,25 +309,29 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     load0 = os.getloadavg()[0]
     commits0 = redis_commits(redis_url)
-    gc0 = gc_pauses(getattr(args, "metrics_url", None))
+    hist0 = histograms(getattr(args, "metrics_url", None))
     time.sleep(max(0.0, t_end - time.monotonic()))
     cpu1 = {pid: cpu_seconds(pid) for pid in pids}
     load1 = os.getloadavg()[0]
     commits1 = redis_commits(redis_url)
-    gc1 = gc_pauses(getattr(args, "metrics_url", None))
+    hist1 = histograms(getattr(args, "metrics_url", None))
     if commits0 is not None and commits1 is not None:
         args.redis_commits = commits1 - commits0
-    if gc0 is not None and gc1 is not None:
-        args.gc_pauses = {k: gc1[k] - gc0.get(k, 0.0) for k in gc1}
+    if hist0 is not None and hist1 is not None:
+        args.tails = {m: {k: n - hist0[m].get(k, 0.0) for k, n in hist1[m].items()} for m in hist1}
     results = [out.get(timeout=120) for _ in workers]
     for w in workers:
         w.join()
     return cpu0, cpu1, load0, load1, results
 
 
-def gc_pauses(url: str | None) -> dict[tuple[str, str], float] | None:
-    """The coordinator's `rollmux_gc_pause_seconds` buckets so far: {(pass, le): count}, None without
-    /metrics. Differences over the window say how many passes paused it, and for how long at most."""
+TAIL_METRICS = ("rollmux_gc_pause_seconds", "rollmux_event_loop_lag_seconds", "rollmux_grant_latency_seconds")
+"""The coordinator histograms scraped around the window: where a slow grant spent its time."""
+
+
+def histograms(url: str | None) -> dict[str, dict[tuple[str, str], float]] | None:
+    """The TAIL_METRICS buckets so far, {metric: {(label value or "", le): count}}; None without
+    /metrics. Differences over the window say how many samples fell over each bound."""
     if not url:
         return None
     import urllib.request
@@ -327,22 +343,23 @@ def gc_pauses(url: str | None) -> dict[tuple[str, str], float] | None:
             text = r.read().decode()
     except OSError:
         return None
-    out: dict[tuple[str, str], float] = {}
+    out: dict[str, dict[tuple[str, str], float]] = {m: {} for m in TAIL_METRICS}
     for family in text_string_to_metric_families(text):
-        if family.name == "rollmux_gc_pause_seconds":
+        if family.name in out:
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
-                    out[(sample.labels["pass"], sample.labels["le"])] = sample.value
+                    label = next((v for k, v in sample.labels.items() if k != "le"), "")
+                    out[family.name][(label, sample.labels["le"])] = sample.value
     return out
 
 
-def gc_summary(buckets: dict[tuple[str, str], float]) -> str:
-    """'young 612 (over 5 ms: 0, over 10 ms: 0), full 0' from bucket-count differences."""
+def tail_summary(buckets: dict[tuple[str, str], float], labels: Iterable[str] = ("",)) -> str:
+    """'612 (over 5 ms: 0, over 10 ms: 0)' per label value, from bucket-count differences."""
     parts = []
-    for kind in ("young", "full"):
-        total = buckets.get((kind, "+Inf"), 0.0)
-        over = {ms: total - buckets.get((kind, f"{ms / 1e3}"), total) for ms in (5, 10)}
-        parts.append(f"{kind} {total:.0f} (over 5 ms: {over[5]:.0f}, over 10 ms: {over[10]:.0f})")
+    for label in labels:
+        total = buckets.get((label, "+Inf"), 0.0)
+        over = {ms: total - buckets.get((label, f"{ms / 1e3}"), total) for ms in (5, 10)}
+        parts.append(f"{label + ' ' if label else ''}{total:.0f} (over 5 ms: {over[5]:.0f}, over 10 ms: {over[10]:.0f})")
     return ", ".join(parts)
 
 
@@ -500,9 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server CPU per permit cycle: {cpu_per_cycle * 1e3:.3f} ms"
           + (f"; Redis commits over the window: {commits} ({commits / args.seconds:,.0f}/s{per_commit})"
              if commits is not None else ""))
-    gc_window = getattr(args, "gc_pauses", None)
-    if gc_window is not None:
-        print(f"coordinator garbage-collection passes over the window: {gc_summary(gc_window)}")
+    tails = getattr(args, "tails", None)
+    if tails is not None:
+        print("where the tail is, over the window (coordinator /metrics): garbage-collection passes "
+              f"{tail_summary(tails['rollmux_gc_pause_seconds'], ('young', 'full'))}; event loop late "
+              f"{tail_summary(tails['rollmux_event_loop_lag_seconds'])} of its 50 ms samples; grants "
+              f"{tail_summary(tails['rollmux_grant_latency_seconds'])} from grantable to durable")
+    lags = [x for r in results for x in r["loop_lags"]]
+    print(f"client event loop late (10 ms samples) over 5 ms: {sum(x > 0.005 for x in lags)}, over 10 ms: "
+          f"{sum(x > 0.010 for x in lags)}, worst {max(lags, default=0.0) * 1e3:.1f} ms")
     print(f"{'metric':<34}{'RollMux':>12}{'paper proto':>14}{'ratio':>10}{'target':>10}")
     print(f"{'permit cycles/s offered':<34}{offered:>12,.0f}")
     share = rate / offered if phase_s else float("nan")
@@ -533,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
                           "redis_cpu": redis_cpu, "server_cpu_per_cycle_s": cpu_per_cycle,
                           "redis_commits": commits, "loadavg": [load0, load1], "errors": n_errors,
                           "error_codes": codes, "in_flight_at_close": in_flight,
-                          "gc_pause_buckets": {f"{k}:{le}": n for (k, le), n in (gc_window or {}).items()},
+                          "coordinator_tails": {m: {f"{k}:{le}": n for (k, le), n in b.items()}
+                                                for m, b in (tails or {}).items()},
+                          "client_loop_lags_over_2ms_s": lags,
                           "ceiling": ceiling}))
     results_ok = _report_checks(args, offered=offered, rate=rate, p99=p99, n_errors=n_errors)
     return 0 if results_ok or not args.check else 1

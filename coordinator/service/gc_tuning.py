@@ -29,6 +29,10 @@ latency's p99. `PacedCollector` replaces automatic collection:
   `gc.get_freeze_count()` walks the whole frozen list (3 ms at 420,000 objects), too slow to ask
   every pass.
 
+Each pass also measures how late it woke up: the event loop's lag, the time every call in flight
+waited behind whatever held the loop (or behind the CPU the process did not get), which tells a
+stall of the coordinator apart from one in Redis, the network or the caller (`on_lag`).
+
 Process-wide, so only the `rollmux coordinator` command uses it (`server.serve`), never a
 coordinator embedded in another program (tests, the demo).
 """
@@ -64,13 +68,16 @@ class PacedCollector:
     """Young collections paced by the event loop, survivors frozen; full passes on growth only."""
 
     def __init__(self, interval_s: float = PASS_INTERVAL_S, reclaim_growth: float = RECLAIM_GROWTH,
-                 on_pause: Callable[[str, float], None] | None = None) -> None:
-        """`on_pause(kind, seconds)` hears every pass ("young" or "full"), e.g. for a metric."""
+                 on_pause: Callable[[str, float], None] | None = None,
+                 on_lag: Callable[[float], None] | None = None) -> None:
+        """`on_pause(kind, seconds)` hears every pass ("young" or "full"), `on_lag(seconds)` how late
+        each young pass started, e.g. for metrics."""
         if interval_s <= 0 or reclaim_growth <= 0:
             raise ValueError(f"interval_s={interval_s} and reclaim_growth={reclaim_growth} must be > 0")
         self.interval_s = interval_s
         self.reclaim_growth = reclaim_growth
         self.on_pause = on_pause
+        self.on_lag = on_lag
         self.passes = 0
         self.full_passes = 0
         self._baseline = 0
@@ -120,5 +127,8 @@ class PacedCollector:
 
     async def _run(self) -> None:
         while True:
+            due = time.monotonic() + self.interval_s
             await asyncio.sleep(self.interval_s)
+            if self.on_lag:
+                self.on_lag(max(0.0, time.monotonic() - due))
             self.step()

@@ -34,6 +34,7 @@ class Metrics:
     store_commits: Counter  # rollmux_store_commits_total{outcome}
     relocations: Counter  # rollmux_relocations_total{outcome}: directives issued and how they ended
     gc_pause: Histogram  # rollmux_gc_pause_seconds{pass}: the event loop's garbage-collection pauses
+    loop_lag: Histogram  # rollmux_event_loop_lag_seconds: how late a task due on the event loop started
     ready: Gauge  # rollmux_ready: 1 when serving
     build_info: Gauge  # rollmux_build_info{version}
 
@@ -65,6 +66,9 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
         gc_pause=Histogram("rollmux_gc_pause_seconds", "Garbage-collection passes of the coordinator process "
                            "(young: paced; full: on heap growth or state reload)", ["pass"],
                            buckets=GRANT_BUCKETS_S, registry=r),
+        loop_lag=Histogram("rollmux_event_loop_lag_seconds", "How late a task due on the coordinator's event "
+                           "loop started (sampled every 50 ms by the collector's pacer)", buckets=GRANT_BUCKETS_S,
+                           registry=r),
         ready=Gauge("rollmux_ready", "1 when the coordinator serves requests", registry=r),
         build_info=Gauge("rollmux_build_info", "Build information", ["version"], registry=r),
     )

@@ -149,7 +149,8 @@ async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | Non
     pacing (`gc_tuning.PacedCollector`), with a full pass each time the state is (re)loaded."""
     running = await start(opts)
     gc_pause = running.core.metrics.gc_pause
-    collector = gc_tuning.PacedCollector(on_pause=lambda kind, s: gc_pause.labels(**{"pass": kind}).observe(s))
+    collector = gc_tuning.PacedCollector(on_pause=lambda kind, s: gc_pause.labels(**{"pass": kind}).observe(s),
+                                         on_lag=running.core.metrics.loop_lag.observe)
     collector.start()
     set_health = running.core.on_ready_change
 

@@ -2,7 +2,7 @@
 
 What it must do: collect garbage cycles made between two passes (gRPC's per-RPC cycle among them,
 against a real grpc.aio server), freeze what survives so no later pass visits it, run a full pass
-when the frozen set grows past its limit, and hand collection back to CPython when stopped.
+when the frozen set grows past its limit, report how late the event loop ran it, and hand collection back to CPython when stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ SCRIPT = textwrap.dedent(
 
     async def main():
         heard = []
-        pacer = PacedCollector(interval_s=0.01, reclaim_growth=0.5, on_pause=lambda k, s: heard.append((k, s)))
+        lags = []
+        pacer = PacedCollector(interval_s=0.01, reclaim_growth=0.5, on_pause=lambda k, s: heard.append((k, s)),
+                               on_lag=lags.append)
         pacer.start()
         assert not gc.isenabled()
         full0 = pacer.full_passes
@@ -65,6 +67,15 @@ SCRIPT = textwrap.dedent(
         gc.freeze()
         assert leaked == 0, f"{leaked} of 300 per-RPC cycles were frozen instead of collected"
         await server.stop(None)
+
+        # a blocked loop shows as the lag of the pass that was due meanwhile
+        await asyncio.sleep(0.05)
+        before = len(lags)
+        assert before > 0
+        import time
+        time.sleep(0.2)
+        await asyncio.sleep(0.05)
+        assert max(lags[before:]) >= 0.15, lags[before:]
 
         # growth past the limit triggers a full pass
         grow = [[Node()] for _ in range(int(sys.getallocatedblocks() * 0.6) + 1000)]
