@@ -17,12 +17,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.common import env as adapter_env
-from rollmux.adapters.common.phases import Gate, PhaseRecord
+from rollmux.adapters.common.phases import PhaseRecord
 from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.sidecar import env
 from rollmux.sidecar.api import phase_pool
@@ -30,18 +31,31 @@ from rollmux.sidecar.api import phase_pool
 log = logging.getLogger(__name__)
 
 
+def _nodes(held: Any) -> tuple[str, ...]:
+    lease = getattr(held, "lease", None)
+    return tuple(lease.nodes) if lease is not None else ()
+
+
 class ShimGate:
     """This process's own rank: ``rollmux.phase`` entered and left explicitly."""
+
+    def __init__(self) -> None:
+        self.held: Any = None  # the shim's PhaseContext of the phase entered last (None once left)
 
     def enter(self, phase: str, iteration: int) -> Any:
         from rollmux.sidecar import shim
 
         ctx = shim.phase(phase, iteration=iteration)
-        ctx.__enter__()
+        self.held = ctx.__enter__()
         return ctx
 
     def exit(self, handle: Any) -> None:
+        self.held = None
         handle.__exit__(None, None, None)
+
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes the held permit covers (empty when none is held)."""
+        return _nodes(self.held)
 
 
 class RankGate:
@@ -49,12 +63,18 @@ class RankGate:
 
     def __init__(self, rank: Any) -> None:
         self.rank = rank
+        self.held: Any = None
 
     def enter(self, phase: str, iteration: int) -> Any:
-        return self.rank.enter(phase, iteration)
+        self.held = self.rank.enter(phase, iteration)
+        return self.held
 
     def exit(self, handle: Any) -> None:
+        self.held = None
         self.rank.exit(handle)
+
+    def nodes(self) -> tuple[str, ...]:
+        return _nodes(self.held)
 
 
 @dataclass(slots=True)
@@ -68,12 +88,39 @@ class Runner:
     trainer: Any = None  # the veRL trainer, seen at its first train boundary
     offload_s: list[float] = field(default_factory=list)  # measured worker `to("cpu")` times
     reload_s: list[float] = field(default_factory=list)  # measured worker `to("device")` times
+    report: Callable[[int, int], Any] | None = None  # progress sink; None: rollmux.runtime_hook
+    withheld: int = -1  # the last rollout iteration whose progress was withheld (recorded once each)
     finished: bool = False
 
-    def gate_for(self, phase: str) -> Gate:
+    def gate_for(self, phase: str) -> ShimGate | RankGate:
         if phase == "rollout" and self.rollout_rank is not None:
             return RankGate(self.rollout_rank)
         return self.own
+
+    def progress(self, finished: int, total: int) -> None:
+        """Report the open rollout's progress (``finished`` of ``total`` responses) to the coordinator.
+
+        Only while the rollout permit covers one node. The coordinator migrates a rollout that holds two
+        or more nodes and frees the released ones as it answers (``report_progress``); this adapter cannot
+        move veRL's requests off them (docs/verl.md, "Long-tail migration"), so another job would be
+        granted nodes whose replicas still generate. Such a rollout's progress is withheld (recorded
+        once per rollout as ``progress_withheld``) and its nodes come free at the rollout's end.
+        """
+        if self.finished or self.tracker.current != "rollout":
+            return
+        nodes = self.gate_for("rollout").nodes()
+        if len(nodes) > 1:
+            if self.withheld != self.tracker.iteration:
+                self.withheld = self.tracker.iteration
+                record("progress_withheld", job=self.job, iteration=self.withheld, nodes=list(nodes))
+            return
+        if self.report is None:
+            from rollmux.sidecar import shim
+
+            self.report = shim.runtime_hook
+        directive = self.report(finished, total)
+        if directive is not None:  # not sent to a one-node rollout; should one come, the tail stays put
+            record("migration_ignored", job=directive.job, keep=list(directive.keep_nodes))
 
     # ------------------------------------------------------------------------- phase callbacks
     def on_enter(self, phase: str, iteration: int) -> None:

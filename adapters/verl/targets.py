@@ -20,7 +20,7 @@ old/ref log-prob, values, reward, critic and   train begins (the trainer object 
 actor updates (both trainers)                  the offload between phases)
 ``CheckpointEngineManager.update_weights``     sync (the whole call); before the first rollout it
                                                is the initial weight push and opens rollout(0)
-``ReplayBuffer._wait_for_next_poll`` (v1)      rollout progress to ``runtime_hook``
+``ReplayBuffer._wait_for_next_poll`` (v1)      rollout progress to ``runtime_hook`` (one-node rollouts)
 ``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends (an open rollout after its
                                                replicas' requests are aborted), the job deregisters
 ``constants_ppo.get_ppo_ray_runtime_env``      (driver) registration + runtime environment
@@ -87,16 +87,12 @@ def _resume_before() -> None:
 
 def _progress(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     result = wrapped(*args, **kwargs)
-    t = runner.tracker()
-    if t is not None and t.current == "rollout":
+    r = runner.runner()
+    if r is not None and not r.finished and r.tracker.current == "rollout":
         partition = args[0] if args else kwargs.get("partition_id", "train")
         done = len(instance.finished_keys[partition])
         total = done + len(instance.pending_keys[partition]) + len(instance.running_keys[partition])
-        from rollmux.sidecar import shim
-
-        directive = shim.runtime_hook(done, total)
-        if directive is not None:  # consolidating the tail is not supported for veRL yet
-            runner.record("migration_ignored", job=directive.job, keep=list(directive.keep_nodes))
+        r.progress(done, total)  # consolidating the tail is not supported for veRL (docs/verl.md)
     return result
 
 
