@@ -180,10 +180,11 @@ _PORT_BLOCKS = itertools.count()
 
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
            extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False,
-           disaggregated: bool = False, check_weights: bool = False) -> Job:
+           disaggregated: bool = False, check_weights: bool = False, step_gate: Path | None = None) -> Job:
     """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
     with `start_file`, the job waits once built until the caller creates that file (after :func:`wait_built`); with
-    `timing`, its result also holds spans, offload/load seconds and permit calls (``harness/timing.py``)."""
+    `timing`, its result also holds spans, offload/load seconds and permit calls (``harness/timing.py``); with
+    `step_gate` (and `timing`), it pauses after each step k until ``step_gate/go-{k+1}`` exists."""
     jobdir = workdir / name
     jobdir.mkdir(parents=True, exist_ok=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
@@ -201,6 +202,8 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
         cmd += ["--start-file", str(start_file)]
     if timing:
         cmd.append("--timing")
+    if step_gate is not None:
+        cmd += ["--step-gate", str(step_gate)]
     if disaggregated:
         cmd.append("--disaggregated")
     if check_weights:

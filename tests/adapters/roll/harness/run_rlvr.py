@@ -197,6 +197,8 @@ def parser(doc: str | None, name: str) -> argparse.ArgumentParser:
                    "after it and after the load (OUT's 'weights')")
     p.add_argument("--timing", action="store_true", help="also record the driver's spans, the seconds spent in "
                    "offload_states / load_states and (opted in) in permit calls (timing.py)")
+    p.add_argument("--step-gate", help="with --timing: after each pipeline step write DIR/done-K and wait for "
+                   "DIR/go-K+1 (the benchmark alternates two jobs' steps)")
     return p
 
 
@@ -213,7 +215,8 @@ def run_pipeline(args: argparse.Namespace, cfg: Any, pipeline_cls: Callable[[], 
         import timing as probes
 
         state_calls: list[list[Any]] = []
-        spans, states = probes.SpanRecorder(), probes.time_states(pipeline, state_calls)
+        gate = probes.step_gate(Path(args.step_gate)) if args.step_gate else None
+        spans, states = probes.SpanRecorder(gate), probes.time_states(pipeline, state_calls)
     t_run = time.time()
     pipeline.run()
     t_done = time.time()
