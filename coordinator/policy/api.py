@@ -45,6 +45,7 @@ class RejectReason(str, Enum):
     SLO = "slo"  # simulated co-execution would break a member's SLO
     NOT_EVALUATED = "not-evaluated"  # an earlier group already offered a zero-cost placement
     NODE_UNAVAILABLE = "node-unavailable"  # a node the placement needs is draining, drained or lost
+    OCCUPANCY = "occupancy"  # the join's slowdown of the group costs more $ per unit of work than going alone
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +99,17 @@ class PolicyConfig:
     # runs above the fixed-time (max-plus) one; without it jobs admitted at exactly their budget
     # missed their SLO against their realised solo iteration (agentic U(1.1,1.3) seed 2: 97.5%).
     coexec_margin: float = 0.02
+    # Work-aware joins: take the cheapest join only when the group with the job costs no more $ per
+    # unit of work (solo-seconds per second) than the group as it is plus the job alone in its
+    # cheapest new group; a +$0/h join that stretches the group's period makes every member hold
+    # its nodes longer. False: the cheapest join in $/h always wins over a new group.
+    work_aware: bool = True
+    # Pool-merge survivor's return (simulator): a job left alone in a pooled training pool (its
+    # partner ended) may take one relocation beyond the per-job cap, the one the pool merge priced in.
+    pool_return: bool = True
+    # Regroup on learning: when members' phase times become learned (their plan changes), look for
+    # moves for the group's members, as after a departure. False: only arrivals and departures.
+    regroup_on_learn: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_group_size, int) or self.max_group_size < 1:

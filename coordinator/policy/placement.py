@@ -251,6 +251,28 @@ def _slo_rejection(cand: Candidate, job: JobSpec, periods: dict[str, float]) -> 
                              f"(+{cand.new_nodes} rollout nodes{how})")
 
 
+def join_costs_more_per_work(group: GroupState, name: str, t_ref_s: float, delta_usd_per_h: float,
+                             periods: dict[str, float], lone_usd_per_h: float, lone_period_s: float) -> Rejection | None:
+    """Work-aware check of a join (`PolicyConfig.work_aware`): a rejection when the group with the job
+    costs more $ per unit of work than the group as it is plus the job alone in its new group.
+
+    A join at +$0/h is not free when it stretches the group's period: every member then holds the
+    group's nodes longer for the same iterations. Work is counted in solo-seconds per second
+    (sum of T_solo / period); `t_ref_s` is the job's T_solo in the units its `periods` entry uses.
+    """
+    before = cycle_time(group.timings())
+    rate = sum(m.profile.t_solo_s for m in group.members.values()) / before if before > 0 else 0.0
+    rate_join = sum(m.profile.t_solo_s / periods.get(n, before) for n, m in group.members.items()) + t_ref_s / periods[name]
+    rate_lone = rate + t_ref_s / lone_period_s
+    join = (group.usd_per_h + delta_usd_per_h) / rate_join
+    lone = (group.usd_per_h + lone_usd_per_h) / rate_lone
+    if join <= lone * (1.0 + 1e-9):
+        return None
+    return Rejection(group_id=group.group_id, strategy=None, reason=RejectReason.OCCUPANCY,
+                     message=f"joining costs ${join:,.2f} per hour of solo work, alone ${lone:,.2f} "
+                             f"(the group's period goes {before:.0f} -> {max(periods.values()):.0f} s)")
+
+
 class PhaseLearnerLike(Protocol):
     def prior(self, job: JobSpec) -> PhaseProfile: ...
 
@@ -309,6 +331,15 @@ class RollMuxPolicy:
             feasible = options[:1] if best is None else []
         fresh = min(feasible, key=lambda o: o.usd_per_h, default=None)
         reason = "; ".join(f"{o.deployment.value} alone ${o.usd_per_h:,.2f}/h" for o in feasible)
+        lone_period = None if fresh is None else (fresh.planned_s if profile.learned
+                                                  else fresh.planned_s * job.t_solo_s / yardstick)
+        if best is not None and fresh is not None and lone_period is not None and self.config.work_aware:
+            t_ref = profile.t_solo_s if profile.learned else job.t_solo_s
+            slower = join_costs_more_per_work(best[1].group, job.name, t_ref, best[0], best[2],
+                                              fresh.usd_per_h, lone_period)
+            if slower is not None:
+                rejections.append(slower)
+                best = None
         if best is not None and (fresh is None or best[0] <= fresh.usd_per_h):
             delta, cand, periods = best
             return PlacementDecision(
@@ -321,7 +352,7 @@ class RollMuxPolicy:
         return PlacementDecision(
             job=job.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
             new_rollout_nodes=fresh.rollout_nodes, new_train_nodes=fresh.train_nodes, delta_usd_per_h=fresh.usd_per_h,
-            t_coexec_s={job.name: fresh.planned_s if profile.learned else fresh.planned_s * job.t_solo_s / yardstick}, rejections=tuple(rejections), deployment=fresh.deployment,
+            t_coexec_s={job.name: lone_period}, rejections=tuple(rejections), deployment=fresh.deployment,
             train_pool=fresh.train_pool,
             reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
                    f"(planned slowdown {fresh.planned_s / yardstick:.2f} <= SLO {job.slo:.2f}) of {reason}")

@@ -429,12 +429,13 @@ def place_batch(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPol
     `state` must be empty then. Returns the decisions (in the order applied) and the moves.
 
     A batch is a fixed-time plan judged in $/h (nothing runs yet): it makes no pool merge (a pool
-    merge buys throughput with $/h) and keeps no co-execution margin (the margin covers the
+    merge buys throughput with $/h), no work-aware join check (it trades $/h for work per $ too)
+    and keeps no co-execution margin (the margin covers the
     per-iteration variation of a running schedule; the offline optimum it is compared with plans on
     fixed times too).
     """
-    if policy.config.pool_merge or policy.config.coexec_margin:
-        policy = RollMuxPolicy(replace(policy.config, pool_merge=False, coexec_margin=0.0))
+    if policy.config.pool_merge or policy.config.coexec_margin or policy.config.work_aware:
+        policy = RollMuxPolicy(replace(policy.config, pool_merge=False, coexec_margin=0.0, work_aware=False))
     if lookahead and not state.groups and len(jobs) > 1:
         big_first = sorted(jobs, key=lambda j: (-isolated_cost(j, state.cluster), -j.t_solo_s))
         trial = ClusterState(state.cluster)

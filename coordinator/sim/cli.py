@@ -78,6 +78,15 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
                         help="RollMux: never relocate a running job (no consolidation on departures or SLO risk)")
     parser.add_argument("--no-pool-merge", action="store_true",
                         help="RollMux: regrouping never pools two lone jobs' training nodes into one disaggregated group")
+    parser.add_argument("--no-work-aware", action="store_true",
+                        help="RollMux: the cheapest join in $/h always beats a new group, however much it stretches "
+                             "the group's period (no $-per-work check)")
+    parser.add_argument("--no-pool-return", action="store_true",
+                        help="RollMux: a pool merge's survivor gets no relocation beyond the per-job cap to leave "
+                             "the pooled training nodes")
+    parser.add_argument("--no-regroup-on-learn", action="store_true",
+                        help="RollMux: look for moves only after arrivals and departures, not when members' "
+                             "phase times become learned")
     parser.add_argument("--coexec-margin", type=float, default=PolicyConfig().coexec_margin, metavar="M",
                         help="RollMux: a join must keep every member's fixed-time period within budget / (1 + M) "
                              "(0: up to the budget) [default: %(default)s]")
@@ -87,7 +96,10 @@ def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5), modes=not args.no_modes,
                         learn=not args.no_learning, regroup=not args.no_regroup,
                         pool_merge=not getattr(args, "no_pool_merge", False),
-                        coexec_margin=getattr(args, "coexec_margin", PolicyConfig().coexec_margin))
+                        coexec_margin=getattr(args, "coexec_margin", PolicyConfig().coexec_margin),
+                        work_aware=not getattr(args, "no_work_aware", False),
+                        pool_return=not getattr(args, "no_pool_return", False),
+                        regroup_on_learn=not getattr(args, "no_regroup_on_learn", False))
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:

@@ -103,6 +103,8 @@ class _Replay:
         if self.learner is not None:
             policy.learner = self.learner  # type: ignore[attr-defined]
         self.moved: dict[str, int] = {}  # job -> relocations so far
+        # Learning events end a segment when a member's times become learned: look for moves then too.
+        self._regroup_on_learn = config is not None and config.regroup_on_learn
         for j in trace:
             heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
 
@@ -119,7 +121,7 @@ class _Replay:
                 if key in self.state.groups:
                     self._start_segment(key, t)
                     self._rescue(key, t)
-                    if kind == _DEPARTURE and key in self.state.groups:
+                    if key in self.state.groups and (kind == _DEPARTURE or self._regroup_on_learn):
                         self._regroup(list(self.state.groups[key].members), t)
             else:
                 continue  # a stale departure: the group changed since it was predicted
@@ -147,11 +149,20 @@ class _Replay:
         self._start_segment(group.group_id, t)
 
     def _remaining_s(self, job_id: str) -> float:
-        """Solo seconds of work left (0 once a job was moved `MAX_MOVES` times: it stays put)."""
+        """Solo seconds of work left (0 once a job was moved `MAX_MOVES` times: it stays put; one more
+        for a pool merge's survivor, `PolicyConfig.pool_return`)."""
         job = self.trace[job_id]
-        if self.moved.get(job_id, 0) >= MAX_MOVES:
+        if self.moved.get(job_id, 0) >= MAX_MOVES + self._pool_survivor(job_id):
             return 0.0
         return (job.iterations - self.jobs[job_id].done_iters) * (job.t_roll_s + job.t_train_s)
+
+    def _pool_survivor(self, job_id: str) -> int:
+        """1 when `job_id` sits alone in a training pool larger than it needs (its pool-merge partner
+        ended) and `pool_return` is on: the pool merge priced in its return to a lone group."""
+        config = self.policy.config if isinstance(self.policy, RollMuxPolicy) else None
+        group = self.state.groups.get(self.state.job_group.get(job_id, ""))
+        return int(config is not None and config.pool_return and group is not None and len(group.members) == 1
+                   and len(group.train_nodes) > group.max_member_train_nodes)
 
     def _regroup(self, names: list[str], t: float) -> None:
         """Relocate jobs where the policy finds it worth the move (RollMux with regrouping on)."""

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from rollmux.cli import main
+from rollmux.coordinator.policy.api import PolicyConfig
+from rollmux.coordinator.sim.cli import add_policy_switches, policy_config_from
 
 
 def test_simulate_writes_json_schema_and_plots(tmp_path: Path) -> None:
@@ -44,3 +47,11 @@ def test_malformed_trace_fails_before_simulating(tmp_path: Path, capsys) -> None
 def test_unknown_policy_is_refused(capsys) -> None:  # noqa: ANN001
     assert main(["simulate", "--jobs", "3", "--quiet", "--policies", "rollmux,fifo"]) == 2
     assert "fifo" in capsys.readouterr().err
+
+
+def test_every_policy_mechanism_has_a_switch() -> None:
+    ap = argparse.ArgumentParser()
+    add_policy_switches(ap)
+    assert policy_config_from(ap.parse_args([])) == PolicyConfig()
+    off = policy_config_from(ap.parse_args(["--no-work-aware", "--no-pool-return", "--no-regroup-on-learn"]))
+    assert (off.work_aware, off.pool_return, off.regroup_on_learn) == (False, False, False)
