@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     for path, t in times.items():
         off, on = statistics.median(t["offload"]), statistics.median(t["reload"])
         freed = f"{min(t['freed']) / 1e9:.3f}" if cuda else "-"
-        print(f"{path:<26}{off:>10.4f}{nbytes / off / 1e9:>9.2f}{on:>10.4f}{nbytes / on / 1e9:>9.2f}{freed:>17}")
+        moves = cuda or path == "StateCache"  # on the CPU veRL's to("cpu") moves no bytes: no rate to print
+        rate = (f"{nbytes / off / 1e9:>9.2f}", f"{nbytes / on / 1e9:>9.2f}") if moves else (f"{'-':>9}",) * 2
+        print(f"{path:<26}{off:>10.4f}{rate[0]}{on:>10.4f}{rate[1]}{freed:>17}")
     v, c = (statistics.median(times[p]["offload"]) + statistics.median(times[p]["reload"]) for p in paths)
     print(f"offload+reload: StateCache / veRL = {c / v:.2f}x; faster: {'StateCache' if c < v else 'veRL to()'}"
           + ("" if cuda else " (CPU: veRL's to('cpu') moves no bytes here; decide on a GPU)"))
