@@ -118,7 +118,8 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
     if len(group.members) >= config.max_group_size:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.GROUP_FULL,
                          message=f"{len(group.members)} jobs = max group size {config.max_group_size}")
-    if config.regroup and config.pool_merge and group.members and len(group.train_nodes) > group.max_member_train_nodes:
+    if (config.regroup and config.pool_merge and not (config.pooled_joins and config.work_aware) and group.members
+            and len(group.train_nodes) > group.max_member_train_nodes):
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.TRAIN_POOL,
                          message=f"training pool of {len(group.train_nodes)} nodes is larger than any member needs "
                                  f"({group.max_member_train_nodes}): a pool merge's or a departed job's, not grown by joins")
@@ -232,13 +233,18 @@ def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig,
     period = cycle_time(timings)  # exact steady state of the round-robin schedule
     periods = {t.name: period for t in timings}
     # Co-execution: per-iteration times vary, so the realised period runs above the fixed-time one:
-    # every member keeps a margin below its budget (`coexec_margin`).
+    # every member keeps a margin below its budget (`coexec_margin`), a wider one in a group of
+    # BIG_GROUP or more members (`coexec_margin_big`), where more phases contend for each node.
     budgets = {n: m.budget_s for n, m in group.members.items()} | {job.name: member.budget_s}
     if group.members:
-        tol /= 1.0 + config.coexec_margin
+        tol /= 1.0 + (config.coexec_margin_big if len(group.members) + 1 >= BIG_GROUP else config.coexec_margin)
     if any(periods[n] > budgets[n] * tol for n in periods):
         return None, _slo_rejection(cand, job, periods)
     return periods, None
+
+
+BIG_GROUP = 4
+"""Members from which a join keeps `PolicyConfig.coexec_margin_big` below every budget."""
 
 
 def _slo_rejection(cand: Candidate, job: JobSpec, periods: dict[str, float]) -> Rejection:

@@ -137,11 +137,30 @@ def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], 
         gid = state.job_group.get(name)
         if gid is None:
             continue
-        moves = (_single_move(state, policy, name, gid, remaining(name)) or _pair_merge(state, policy, name, gid, remaining)
-                 or _pool_merge(state, policy, name, gid, remaining))
+        moves = _moves_for(state, policy, name, gid, remaining)
         if moves:
             return moves  # the state changes once a plan is applied; the caller asks again
     return []
+
+
+def _moves_for(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining: RemainingFn) -> list[Move]:
+    """The single move, pair merge or pool merge for `name`: the first that pays, or with
+    `best_move` the one saving the most $ over its horizon (the job's remaining run for a single
+    move, the shorter remaining run of the pair for a merge)."""
+    plans = (lambda: _single_move(state, policy, name, gid, remaining(name)),
+             lambda: _pair_merge(state, policy, name, gid, remaining),
+             lambda: _pool_merge(state, policy, name, gid, remaining))
+    if not policy.config.best_move:
+        return next((moves for plan in plans if (moves := plan())), [])
+    best: tuple[float, list[Move]] | None = None
+    for plan in plans:
+        moves = plan()
+        if moves:
+            horizon = remaining(name) if len(moves) == 1 else min(remaining(m.job) for m in moves)
+            gain = moves[0].saving_usd_per_h * horizon
+            if best is None or gain > best[0]:
+                best = (gain, moves)
+    return best[1] if best else []
 
 
 def _single_move(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining_s: float) -> list[Move] | None:
@@ -434,8 +453,9 @@ def place_batch(jobs: Sequence[JobSpec], state: ClusterState, policy: RollMuxPol
     per-iteration variation of a running schedule; the offline optimum it is compared with plans on
     fixed times too).
     """
-    if policy.config.pool_merge or policy.config.coexec_margin or policy.config.work_aware:
-        policy = RollMuxPolicy(replace(policy.config, pool_merge=False, coexec_margin=0.0, work_aware=False))
+    if policy.config.pool_merge or policy.config.coexec_margin or policy.config.coexec_margin_big or policy.config.work_aware:
+        policy = RollMuxPolicy(replace(policy.config, pool_merge=False, coexec_margin=0.0, coexec_margin_big=0.0,
+                                       work_aware=False))
     if lookahead and not state.groups and len(jobs) > 1:
         big_first = sorted(jobs, key=lambda j: (-isolated_cost(j, state.cluster), -j.t_solo_s))
         trial = ClusterState(state.cluster)

@@ -87,9 +87,22 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     parser.add_argument("--no-regroup-on-learn", action="store_true",
                         help="RollMux: look for moves only after arrivals and departures, not when members' "
                              "phase times become learned")
+    parser.add_argument("--no-pooled-joins", action="store_true",
+                        help="RollMux: a group whose training pool is larger than every member needs takes no newcomer")
+    parser.add_argument("--no-best-move", action="store_true",
+                        help="RollMux: regrouping takes the first of single move, pair merge, pool merge that pays "
+                             "(not the one saving the most)")
+    parser.add_argument("--max-moves", type=int, default=PolicyConfig().max_moves_per_job, metavar="N",
+                        help="RollMux: relocations one job may take over its life [default: %(default)s]")
+    parser.add_argument("--learn-min-samples", type=int, default=PolicyConfig().learn_min_samples, metavar="N",
+                        help="RollMux: measured iterations before a job is planned with its learned times "
+                             "[default: %(default)s]")
     parser.add_argument("--coexec-margin", type=float, default=PolicyConfig().coexec_margin, metavar="M",
                         help="RollMux: a join must keep every member's fixed-time period within budget / (1 + M) "
                              "(0: up to the budget) [default: %(default)s]")
+    parser.add_argument("--coexec-margin-big", type=float, default=PolicyConfig().coexec_margin_big, metavar="M",
+                        help="RollMux: the margin for a join that makes a group of 4 or more members "
+                             "(set it to --coexec-margin for one margin) [default: %(default)s]")
 
 
 def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
@@ -97,9 +110,14 @@ def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
                         learn=not args.no_learning, regroup=not args.no_regroup,
                         pool_merge=not getattr(args, "no_pool_merge", False),
                         coexec_margin=getattr(args, "coexec_margin", PolicyConfig().coexec_margin),
+                        coexec_margin_big=getattr(args, "coexec_margin_big", PolicyConfig().coexec_margin_big),
                         work_aware=not getattr(args, "no_work_aware", False),
                         pool_return=not getattr(args, "no_pool_return", False),
-                        regroup_on_learn=not getattr(args, "no_regroup_on_learn", False))
+                        regroup_on_learn=not getattr(args, "no_regroup_on_learn", False),
+                        pooled_joins=not getattr(args, "no_pooled_joins", False),
+                        best_move=not getattr(args, "no_best_move", False),
+                        max_moves_per_job=getattr(args, "max_moves", PolicyConfig().max_moves_per_job),
+                        learn_min_samples=getattr(args, "learn_min_samples", PolicyConfig().learn_min_samples))
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:

@@ -56,7 +56,6 @@ from rollmux.coordinator.sim.runtime import JobDraws
 from rollmux.model import JobSpec, Phase, Pool
 
 _DEPARTURE, _ARRIVAL, _LEARN = 0, 1, 2  # heap order at equal times
-MAX_MOVES = 2  # relocations one job may take (each costs it a restart)
 
 
 @dataclass(slots=True)
@@ -105,6 +104,7 @@ class _Replay:
         self.moved: dict[str, int] = {}  # job -> relocations so far
         # Learning events end a segment when a member's times become learned: look for moves then too.
         self._regroup_on_learn = config is not None and config.regroup_on_learn
+        self._max_moves = config.max_moves_per_job if config is not None else 0  # relocations one job may take
         for j in trace:
             heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
 
@@ -149,10 +149,10 @@ class _Replay:
         self._start_segment(group.group_id, t)
 
     def _remaining_s(self, job_id: str) -> float:
-        """Solo seconds of work left (0 once a job was moved `MAX_MOVES` times: it stays put; one more
-        for a pool merge's survivor, `PolicyConfig.pool_return`)."""
+        """Solo seconds of work left (0 once a job was moved `PolicyConfig.max_moves_per_job` times: it
+        stays put; one more for a pool merge's survivor, `PolicyConfig.pool_return`)."""
         job = self.trace[job_id]
-        if self.moved.get(job_id, 0) >= MAX_MOVES + self._pool_survivor(job_id):
+        if self.moved.get(job_id, 0) >= self._max_moves + self._pool_survivor(job_id):
             return 0.0
         return (job.iterations - self.jobs[job_id].done_iters) * (job.t_roll_s + job.t_train_s)
 
@@ -175,7 +175,7 @@ class _Replay:
         if self.learner is None or not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
             return
         for name in slo_risks(self.state.groups[gid], self.policy.config):
-            if self.moved.get(name, 0) < MAX_MOVES and self.state.groups[gid].members[name].profile.learned:
+            if self.moved.get(name, 0) < self._max_moves and self.state.groups[gid].members[name].profile.learned:
                 self._relocate(plan_rescue(self.state, self.policy, name, self._remaining_s(name)), t)
                 return
 

@@ -172,11 +172,14 @@ def test_two_lone_train_heavy_jobs_pool_their_training_nodes_when_that_pays() ->
     # Each Train stretches over both nodes: the period beats each job's lone co-located iteration.
     usd_before, rate_before = (sum(v[k] for v in before.values()) for k in (0, 1))
     assert state.usd_per_h > usd_before and state.usd_per_h / work_rate(group) < 0.95 * usd_before / rate_before
-    # The pooled group takes no newcomer: it would keep both training nodes alive for more work.
+    # The pooled group is a candidate for newcomers (pooled joins; here c's SLO rules it out), guarded
+    # by the SLO and work-aware checks; with pooled joins off it takes no newcomer at all.
     c = make_job("c", roll=40, train=40, slo=2.0)
     d = policy.place(c, state)
     assert d.group_id is None
-    assert any(r.group_id == group.group_id and r.reason is RejectReason.TRAIN_POOL for r in d.rejections), d.explain()
+    assert any(r.group_id == group.group_id and r.reason is RejectReason.SLO for r in d.rejections), d.explain()
+    strict = RollMuxPolicy(replace(policy.config, pooled_joins=False)).place(c, state)
+    assert any(r.group_id == group.group_id and r.reason is RejectReason.TRAIN_POOL for r in strict.rejections)
     # Switched off, or with too little run left to pay for two restarts, nothing moves.
     off, off_policy = _lone_train_heavy_pair(PolicyConfig(pool_merge=False))
     assert plan_moves(off, off_policy, ["b"], lambda _: 1e7) == []

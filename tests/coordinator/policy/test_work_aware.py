@@ -53,3 +53,18 @@ def test_a_static_batch_is_planned_without_the_work_check() -> None:
     place_batch(jobs, on, RollMuxPolicy(PolicyConfig()))
     place_batch(jobs, off, RollMuxPolicy(PolicyConfig(work_aware=False)))
     assert on.usd_per_h == pytest.approx(off.usd_per_h)
+
+
+@pytest.mark.parametrize(("big", "joins"), [(0.02, True), (0.04, False)], ids=["one-margin", "wider-from-4"])
+def test_a_join_that_makes_four_members_keeps_the_wider_margin(big: float, joins: bool) -> None:
+    policy = RollMuxPolicy(PolicyConfig(modes=False, regroup=False, work_aware=False, coexec_margin_big=big))
+    state = ClusterState()
+    for i in range(3):
+        member = make_job(f"m{i}", roll=100, train=60, slo=3.0)
+        state.apply(member, policy.place(member, state))
+    # The group's period stays 300 s with a fourth member: 1.875x the newcomer's 160 s solo iteration,
+    # within SLO 1.93 / 1.02 but not within 1.93 / 1.04.
+    d = policy.place(make_job("n", roll=100, train=60, slo=1.93), state)
+    assert (d.group_id == "g0") is joins
+    if joins:
+        assert d.t_coexec_s["n"] == pytest.approx(300.0)

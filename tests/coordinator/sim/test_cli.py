@@ -53,5 +53,8 @@ def test_every_policy_mechanism_has_a_switch() -> None:
     ap = argparse.ArgumentParser()
     add_policy_switches(ap)
     assert policy_config_from(ap.parse_args([])) == PolicyConfig()
-    off = policy_config_from(ap.parse_args(["--no-work-aware", "--no-pool-return", "--no-regroup-on-learn"]))
-    assert (off.work_aware, off.pool_return, off.regroup_on_learn) == (False, False, False)
+    off = policy_config_from(ap.parse_args(["--no-work-aware", "--no-pool-return", "--no-regroup-on-learn",
+                                            "--no-pooled-joins", "--no-best-move", "--max-moves", "2",
+                                            "--learn-min-samples", "5", "--coexec-margin-big", "0.02"]))
+    assert (off.work_aware, off.pool_return, off.regroup_on_learn, off.pooled_joins, off.best_move) == (False,) * 5
+    assert (off.max_moves_per_job, off.learn_min_samples, off.coexec_margin_big) == (2, 5, 0.02)

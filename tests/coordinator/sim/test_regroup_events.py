@@ -29,10 +29,18 @@ def test_two_lone_jobs_pair_up_once_the_newcomers_times_are_learned() -> None:
 
 
 def test_a_pool_merge_survivor_takes_the_return_move_the_merge_priced_in() -> None:
-    # Seeded train-heavy trace (20 jobs, seed 11) where a survivor has used its two moves.
-    trace = generate("train-heavy", 20, 11, "U(1,2)")
-    on, on_summary = _run(trace, seed=11)
-    off, off_summary = _run(trace, seed=11, pool_return=False)
+    # Seeded train-heavy trace (20 jobs, seed 0) with a cap of one move per job: every pool merge's
+    # survivor has used its move when its partner ends, and only the return move lets it leave.
+    trace = generate("train-heavy", 20, 0, "U(1,2)")
+    on, on_summary = _run(trace, max_moves_per_job=1)
+    off, off_summary = _run(trace, max_moves_per_job=1, pool_return=False)
     assert on.relocations > off.relocations
     assert on_summary.total_usd < off_summary.total_usd
     assert on_summary.slo_attainment_planned == 1.0 and on_summary.slo_attainment == 1.0
+
+
+def test_the_per_job_move_cap_is_the_policys() -> None:
+    trace = [trace_job("a", iterations=150, roll=100, train=150, slo=1.2),
+             trace_job("b", arrival=3000, iterations=150, roll=100, train=150, slo=1.2)]
+    capped, _ = _run(trace, max_moves_per_job=0)
+    assert capped.relocations == 0
