@@ -1,12 +1,12 @@
 """Real veRL 0.9.1 GRPO jobs on the CPU harness: opted in to RollMux vs not, and two jobs multiplexed
 vs run one after the other.
 
-    flock /tmp/rollmux-heavy.lock .venv/bin/python benchmarks/verl_cpu.py [--pairs 3] [--steps 6] [--check]
+    flock /tmp/rollmux-heavy.lock .venv/bin/python benchmarks/verl_cpu.py [--pairs 5] [--steps 4] [--check]
 
 Needs a source checkout (the harness lives in tests/adapters/verl/harness/) and
 ``bash scripts/setup.sh --dev`` (veRL 0.9.1, redis-server). One RollMux setup (Redis, the coordinator,
 one sidecar per pool) runs for the whole invocation, so plain and opted-in runs see the same background.
-The runs, one after the other:
+The runs, one after the other (about 14 minutes with the defaults):
 
 1. ``--pairs`` rounds of job A not opted in (the variable unset) and job A opted in alone, the order
    alternating between rounds (unset first, then opted in first, ...), so a drift in the machine's load
@@ -15,9 +15,11 @@ The runs, one after the other:
    The medians are over every measured step of every run of that kind (all of them: no sample is
    dropped); offload + reload is the mean per step over the opted-in runs. The spread is printed
    beside it: the quartiles of each side's steps, each round's own overhead (its two runs' medians),
-   and a 90 % bootstrap interval of the overhead (steps resampled within each side, seed 0). On a
-   shared 2-core box one step varies by 0.1-0.4 s around 2.3 s, so one step per run (the old method)
-   could not tell +-4 % apart.
+   a 90 % bootstrap interval of the overhead (rounds resampled, seed 0) and the CPUs the machine was
+   busy during each run (``/proc/stat``, the job itself included: other work on a shared box shows
+   there). A step is about 2.2 s (2.0 s of it veRL's replay-buffer poll) and varies by 0.05-0.4 s; more
+   than that, a whole run is slower or faster with the load of its minute, so the rounds, not the
+   steps, are what average it out: many short runs (``--steps 4``, 3 measured) rather than few long.
    The offload/reload (veRL's worker ``to("cpu")`` / ``to("device")`` between sync and the next train
    phase) is reported on its own, with GB/s = state bytes / measured seconds. The seconds are the
    adapter's own measurements (its ``offload``/``reload`` records); the bytes are derived from the model
@@ -74,6 +76,8 @@ class Run:
     permit_s: float = 0.0  # mean time per step in the phase gates (acquire + release, adapter-measured)
     gates: tuple[tuple[str, float, float], ...] = ()  # (phase, mean acquire s, mean release s) per phase
     timings: tuple[tuple[str, tuple[float, ...]], ...] = ()  # veRL's timing_s/* of each measured step
+    busy_cores: float = float("nan")  # mean CPUs busy on the machine during the run (this job included)
+    steal_cores: float = float("nan")  # mean CPUs stolen by the hypervisor during the run
 
     @property
     def step_s(self) -> float:
@@ -107,17 +111,33 @@ def measured_timings(step_metrics: dict[int, dict[str, float]]) -> dict[str, tup
     return {k.removeprefix("timing_s/"): tuple(m[k] for m in used) for k in keys}
 
 
+def cpu_ticks() -> tuple[int, int, int]:
+    """(busy, steal, total) jiffies of all CPUs so far (``/proc/stat``; zeros where it is missing)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return 0, 0, 0
+    total = sum(v)
+    return total - v[3] - v[4], v[7], total
+
+
 def overhead(unset_s: Sequence[float], opted_s: Sequence[float], moved_s: float) -> float:
     """(median opted-in step - offload/reload - median unset step) / median unset step."""
     base = statistics.median(unset_s)
     return (statistics.median(opted_s) - moved_s - base) / base
 
 
-def bootstrap(unset_s: Sequence[float], opted_s: Sequence[float], moved_s: float) -> tuple[float, float]:
-    """90 % interval of :func:`overhead` with each side's steps resampled (seed 0)."""
+def bootstrap(unset: Sequence[Run], alone: Sequence[Run], moved_s: float) -> tuple[float, float]:
+    """90 % interval of the pooled :func:`overhead` with the rounds resampled (seed 0): a round's two runs
+    and all their steps come along together, since steps of one run share that run's machine load."""
     rng = random.Random(0)
-    vals = sorted(overhead(rng.choices(unset_s, k=len(unset_s)), rng.choices(opted_s, k=len(opted_s)), moved_s)
-                  for _ in range(BOOTSTRAP_ROUNDS))
+    rounds = list(zip(unset, alone))
+    vals = []
+    for _ in range(BOOTSTRAP_ROUNDS):
+        pick = rng.choices(rounds, k=len(rounds))
+        vals.append(overhead(pooled([u for u, _ in pick]), pooled([a for _, a in pick]), moved_s))
+    vals.sort()
     return vals[int(0.05 * BOOTSTRAP_ROUNDS)], vals[int(0.95 * BOOTSTRAP_ROUNDS) - 1]
 
 
@@ -177,8 +197,9 @@ def state_cache_times(model_dir: Path, repeats: int) -> tuple[float, float, int]
     return (statistics.median(c.total_s for c in off), statistics.median(c.total_s for c in on), off[0].nbytes)
 
 
-def collect(fin: Any, job_mod: Any, events: list[dict[str, Any]]) -> Run:
-    """A Run from a finished harness job and the adapter records of the run it was in."""
+def collect(fin: Any, job_mod: Any, events: list[dict[str, Any]], cpu: tuple[float, float]) -> Run:
+    """A Run from a finished harness job, the adapter records of the run it was in and the machine's
+    (busy, steal) CPUs during it."""
     log = fin.job.workdir / "job.log"
     if fin.rc != 0:
         print(f"  {fin.job.name}: exit {fin.rc}, see {log}", flush=True)
@@ -193,12 +214,13 @@ def collect(fin: Any, job_mod: Any, events: list[dict[str, Any]]) -> Run:
     timings = measured_timings(metrics)
     run = Run(name=fin.job.name, rc=fin.rc, wall_s=fin.wall_s, steps_s=timings["step"],
               timings=tuple(timings.items()), offload_s=moved["offload"], reload_s=moved["reload"], gates=gates,
-              permit_s=sum(r["acquire_s"] + r["release_s"] for r in bounds) / steps)
+              permit_s=sum(r["acquire_s"] + r["release_s"] for r in bounds) / steps, busy_cores=cpu[0],
+              steal_cores=cpu[1])
     gate_ms = ", ".join(f"{p} {a * 1e3:.1f}+{r * 1e3:.1f}" for p, a, r in gates)
     print(f"  {run.name}: rc 0, wall {run.wall_s:.1f} s, steps {' '.join(f'{s:.3f}' for s in run.steps_s)} s "
           f"(median {run.step_s:.3f}), offload {run.offload_s * 1e3:.1f} ms, reload {run.reload_s * 1e3:.1f} ms, "
-          f"gates {run.permit_s * 1e3:.1f} ms per step{' (acquire+release ms: ' + gate_ms + ')' if gates else ''}",
-          flush=True)
+          f"gates {run.permit_s * 1e3:.1f} ms per step{' (acquire+release ms: ' + gate_ms + ')' if gates else ''}; "
+          f"machine busy {run.busy_cores:.2f} CPUs (steal {run.steal_cores:.2f})", flush=True)
     return run
 
 
@@ -217,8 +239,8 @@ def row(what: str, measured: float, baseline: float | None, unit: str, target: s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=6, help="training steps per job (default 6; the first is warm-up)")
-    ap.add_argument("--pairs", type=int, default=3, help="rounds of job A unset and opted in alone (default 3)")
+    ap.add_argument("--steps", type=int, default=4, help="training steps per job (default 4; the first is warm-up)")
+    ap.add_argument("--pairs", type=int, default=5, help="rounds of job A unset and opted in alone (default 5)")
     ap.add_argument("--out", default=None, help="folder for job logs and phase records (default: a temp dir)")
     ap.add_argument("--gantt", action="store_true", help="also draw OUT/gantt.png of the multiplexed run")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed or a job failed")
@@ -245,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     def go(label: str, pairs: list[tuple[Any, dict[str, str] | None]], events: Path | None) -> list[Run]:
         print(f"{next(invocations)}/{2 * args.pairs + 2} {label} ...", flush=True)
         made.extend(j for j, _ in pairs)
+        t0 = cpu_ticks()
         done = scenario.run(pairs)
+        t1 = cpu_ticks()
+        span = max(t1[2] - t0[2], 1) / (os.cpu_count() or 1)  # jiffies of one CPU over the run
+        cpu = ((t1[0] - t0[0]) / span, (t1[1] - t0[1]) / span)
         ev = job_mod.read_jsonl(events) if events else []
-        return [collect(done[j.name], job_mod, ev) for j, _ in pairs]
+        return [collect(done[j.name], job_mod, ev, cpu) for j, _ in pairs]
 
     unset: list[Run] = []
     alone: list[Run] = []
@@ -284,7 +310,7 @@ def report_overhead(unset: list[Run], alone: list[Run]) -> tuple[float, float, f
     off, on = statistics.fmean(r.offload_s for r in alone), statistics.fmean(r.reload_s for r in alone)
     moved = off + on
     ovh = overhead(base_steps, in_steps, moved)
-    lo, hi = bootstrap(base_steps, in_steps, moved)
+    lo, hi = bootstrap(unset, alone, moved)
     print(row("A opted in alone: median step (vs A unset)", opted, base, "s"))
     print(row("  step - offload - reload (vs A unset)", opted - moved, base, "s",
               f"overhead {ovh:+.1%} (<= {TARGET_OVERHEAD:.0%})"))
@@ -294,7 +320,9 @@ def report_overhead(unset: list[Run], alone: list[Run]) -> tuple[float, float, f
           f"[p25-p75] min-max)")
     rounds = [overhead(u.steps_s, a.steps_s, a.moved_s) for u, a in zip(unset, alone)]
     print(f"  overhead per round (its two runs' medians): {', '.join(f'{o:+.1%}' for o in rounds)}; "
-          f"90% bootstrap interval of the pooled figure {lo:+.1%} .. {hi:+.1%}")
+          f"90% bootstrap interval of the pooled figure (rounds resampled) {lo:+.1%} .. {hi:+.1%}")
+    print("  machine busy per round, unset / opted in (CPUs, this job included): " + ", ".join(
+        f"{u.busy_cores:.2f}/{a.busy_cores:.2f}" for u, a in zip(unset, alone)))
 
     def med(runs: list[Run]) -> dict[str, float]:
         keys = set.intersection(*(set(dict(r.timings)) for r in runs))
