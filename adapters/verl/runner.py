@@ -85,6 +85,7 @@ class Runner:
     tracker: PhaseTracker
     own: ShimGate
     rollout_rank: Any = None  # shim.RankHandle on the rollout pool's sidecar, or None
+    rollout_gate: RankGate | None = None  # the gate over rollout_rank (made at its first use)
     trainer: Any = None  # the veRL trainer, seen at its first train boundary
     offload_s: list[float] = field(default_factory=list)  # measured worker `to("cpu")` times
     reload_s: list[float] = field(default_factory=list)  # measured worker `to("device")` times
@@ -94,7 +95,9 @@ class Runner:
 
     def gate_for(self, phase: str) -> ShimGate | RankGate:
         if phase == "rollout" and self.rollout_rank is not None:
-            return RankGate(self.rollout_rank)
+            if self.rollout_gate is None:  # one gate, so that the permit it holds can be looked at
+                self.rollout_gate = RankGate(self.rollout_rank)
+            return self.rollout_gate
         return self.own
 
     def progress(self, finished: int, total: int) -> None:
