@@ -59,6 +59,18 @@ class PoolGate:
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
+    def apply(self, ops: list[tuple[str, str, int]]) -> list[float]:
+        """Run (action, phase, iteration) opens / closes in order, in one actor call; returns each one's seconds."""
+        out = []
+        for action, phase, iteration in ops:
+            t0 = time.perf_counter()
+            if action == Action.OPEN.value:
+                self.enter(phase, iteration)
+            else:
+                self.exit()
+            out.append(time.perf_counter() - t0)
+        return out
+
     def progress(self, finished: int, total: int) -> dict[str, Any] | None:
         """Rollout progress; returns the coordinator's migration directive, if any."""
         m = self._shim.runtime_hook(finished, total)
@@ -86,21 +98,22 @@ class Gates:
     actors: dict[str, Any]
     deployment: str = "disaggregated"  # the job's mode: which pool's gate opens each phase (phase_pool)
     log: list[tuple[str, str, int, float]] = dataclasses.field(default_factory=list)
-    """(action, phase, iteration, seconds the driver waited for the gate) of every step run."""
+    """(action, phase, iteration, seconds) of every step run: its time in the gate; the last step of each
+    gate call also carries the call's round trip, so the seconds add up to the driver's wait."""
     progress: list[tuple[int, int, str | None]] = dataclasses.field(default_factory=list)
     """The gates' progress reports (``PoolGate.reports``), collected at shutdown."""
 
     def run(self, steps: list[Step]) -> None:
+        """Run the steps in order: one actor call per run of consecutive steps on the same gate (a phase
+        switch on one gate, such as a close then an open, costs one driver round trip, not two)."""
         import ray
 
-        for s in steps:
-            gate = self.actors[phase_pool(s.phase, self.deployment)]
+        for pool, batch in by_gate(steps, self.deployment):
             t0 = time.perf_counter()
-            if s.action is Action.OPEN:
-                ray.get(gate.enter.remote(s.phase, s.iteration))
-            else:
-                ray.get(gate.exit.remote())
-            self.log.append((s.action.value, s.phase, s.iteration, time.perf_counter() - t0))
+            took = ray.get(self.actors[pool].apply.remote([(s.action.value, s.phase, s.iteration) for s in batch]))
+            trip = time.perf_counter() - t0 - sum(took)
+            for i, (s, sec) in enumerate(zip(batch, took)):
+                self.log.append((s.action.value, s.phase, s.iteration, sec + (trip if i == len(batch) - 1 else 0.0)))
 
     def shutdown(self, *, job_done: bool) -> None:
         import ray
@@ -109,6 +122,18 @@ class Gates:
         self.progress = [row for rows in ray.get(refs, timeout=60) for row in rows]
         for a in self.actors.values():
             ray.kill(a)
+
+
+def by_gate(steps: list[Step], deployment: str) -> list[tuple[str, list[Step]]]:
+    """Split `steps` into runs of consecutive steps whose phases share a gate (``phase_pool``), in order."""
+    out: list[tuple[str, list[Step]]] = []
+    for s in steps:
+        pool = phase_pool(s.phase, deployment)
+        if out and out[-1][0] == pool:
+            out[-1][1].append(s)
+        else:
+            out.append((pool, [s]))
+    return out
 
 
 def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict[str, str | None],

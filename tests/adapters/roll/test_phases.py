@@ -80,3 +80,18 @@ def test_unknown_spans_do_not_move_the_phase_and_steps_validate() -> None:
     assert t.begin("validation") == [] and t.end("val") == []
     with pytest.raises(ValueError, match="phase='eval'"):
         Step(action=Action.OPEN, phase="eval", iteration=0)
+
+
+def test_steps_on_one_gate_go_in_one_call_per_run_of_that_gate() -> None:
+    from rollmux.adapters.roll.gate import by_gate
+
+    t = PhaseTracker()
+    t.begin("pipeline_step", 0)
+    t.end("model_update")
+    t.end("generate")
+    t.begin("pipeline_step", 1)
+    switch = t.begin("model_update")  # train(0) skipped: open + close it, then open sync(0)
+    assert [(pool, len(batch)) for pool, batch in by_gate(switch, "colocated-train")] == [("train", 3)]
+    back = t.end("model_update")  # close sync(0), open rollout(1): two gates when disaggregated
+    assert [(pool, len(batch)) for pool, batch in by_gate(back, "disaggregated")] == [("train", 1), ("rollout", 1)]
+    assert [s for _, batch in by_gate(switch + back, "disaggregated") for s in batch] == switch + back
