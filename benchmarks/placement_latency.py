@@ -75,8 +75,9 @@ def main() -> int:
     ap.add_argument("--no-modes", action="store_true", help="every job disaggregated (the paper's Algorithm 1)")
     ap.add_argument("--check", action="store_true", help="exit non-zero below target")
     args = ap.parse_args()
-    config = PolicyConfig(modes=not args.no_modes, regroup=not args.no_regroup)
-    print(f"policy: modes={config.modes} regroup={config.regroup}")
+    # Every mechanism on, as `rollmux simulate` runs it (work-aware check, best of the three moves).
+    config = PolicyConfig(modes=not args.no_modes, regroup=not args.no_regroup, work_aware=True, best_move=True)
+    print(f"policy: modes={config.modes} regroup={config.regroup} work_aware={config.work_aware} best_move={config.best_move}")
     ns = [int(x) for x in args.jobs.split(",")]
     rows = {}
     print(f"{'jobs':>6} {'median ms':>10} {'p99 ms':>8} {'paper ms':>9} {'paper/ours p99':>15} {'opt ms':>10} {'paper opt':>10}")

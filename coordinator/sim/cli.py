@@ -106,6 +106,8 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
 
 
 def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
+    """The simulator's policy: every mechanism on unless switched off (`PolicyConfig()` keeps
+    `work_aware` and `best_move` off for the live coordinator's fixed fleet and single moves)."""
     return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5), modes=not args.no_modes,
                         learn=not args.no_learning, regroup=not args.no_regroup,
                         pool_merge=not getattr(args, "no_pool_merge", False),

@@ -161,7 +161,7 @@ def _lone_train_heavy_pair(config: PolicyConfig) -> tuple[ClusterState, RollMuxP
 
 
 def test_two_lone_train_heavy_jobs_pool_their_training_nodes_when_that_pays() -> None:
-    state, policy = _lone_train_heavy_pair(PolicyConfig())
+    state, policy = _lone_train_heavy_pair(PolicyConfig(work_aware=True))
     before = {gid: (g.usd_per_h, work_rate(g)) for gid, g in state.groups.items()}
     moves = plan_moves(state, policy, ["b"], lambda _: 1e7)
     assert {m.job for m in moves} == {"a", "b"} and "pool their training nodes" in moves[0].reason
@@ -172,8 +172,8 @@ def test_two_lone_train_heavy_jobs_pool_their_training_nodes_when_that_pays() ->
     # Each Train stretches over both nodes: the period beats each job's lone co-located iteration.
     usd_before, rate_before = (sum(v[k] for v in before.values()) for k in (0, 1))
     assert state.usd_per_h > usd_before and state.usd_per_h / work_rate(group) < 0.95 * usd_before / rate_before
-    # The pooled group is a candidate for newcomers (pooled joins; here c's SLO rules it out), guarded
-    # by the SLO and work-aware checks; with pooled joins off it takes no newcomer at all.
+    # With the work-aware check on, the pooled group is a candidate for newcomers (pooled joins; here
+    # c's SLO rules it out); with pooled joins off, or without the check, it takes no newcomer at all.
     c = make_job("c", roll=40, train=40, slo=2.0)
     d = policy.place(c, state)
     assert d.group_id is None

@@ -1,4 +1,4 @@
-"""Work-aware joins (`PolicyConfig.work_aware`): a join must not cost more $ per unit of work than going alone."""
+"""Work-aware joins (`PolicyConfig.work_aware`, on in the simulator): a join must not cost more $ per unit of work than going alone."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _one_colocated_member(config: PolicyConfig) -> tuple[ClusterState, RollMuxPo
 def test_a_join_that_stretches_the_group_more_than_it_saves_goes_alone_and_says_why() -> None:
     # The member runs co-located on one H800 node; the newcomer's Train would time-share that node
     # (its Rollout on a new H20 node), stretching the member's period ~1.5x for a $14.80/h join.
-    state, policy = _one_colocated_member(PolicyConfig(regroup=False))
+    state, policy = _one_colocated_member(PolicyConfig(regroup=False, work_aware=True))
     job = make_job("b", roll=100, train=150, slo=2.0)
     d = policy.place(job, state)
     assert d.group_id is None and d.deployment is Deployment.COLOCATED_TRAIN
@@ -38,7 +38,7 @@ def test_a_join_that_stretches_the_group_more_than_it_saves_goes_alone_and_says_
 
 def test_a_join_into_idle_capacity_passes_the_work_check() -> None:
     # Complementary phases: the pair's period stays the first job's, so the join is work for free.
-    state, policy = ClusterState(), RollMuxPolicy(PolicyConfig(regroup=False, modes=False))
+    state, policy = ClusterState(), RollMuxPolicy(PolicyConfig(regroup=False, modes=False, work_aware=True))
     first = make_job("a", roll=200, train=50, slo=1.5)
     state.apply(first, policy.place(first, state))
     d = policy.place(make_job("b", roll=50, train=150, slo=1.5), state)
@@ -50,7 +50,7 @@ def test_a_static_batch_is_planned_without_the_work_check() -> None:
     # place_batch plans a fixed-time batch in $/h, like the offline optimum it is compared with.
     jobs = [make_job("m", roll=100, train=150, slo=2.0), make_job("b", roll=100, train=150, slo=2.0)]
     on, off = ClusterState(), ClusterState()
-    place_batch(jobs, on, RollMuxPolicy(PolicyConfig()))
+    place_batch(jobs, on, RollMuxPolicy(PolicyConfig(work_aware=True)))
     place_batch(jobs, off, RollMuxPolicy(PolicyConfig(work_aware=False)))
     assert on.usd_per_h == pytest.approx(off.usd_per_h)
 

@@ -52,7 +52,7 @@ def test_unknown_policy_is_refused(capsys) -> None:  # noqa: ANN001
 def test_every_policy_mechanism_has_a_switch() -> None:
     ap = argparse.ArgumentParser()
     add_policy_switches(ap)
-    assert policy_config_from(ap.parse_args([])) == PolicyConfig()
+    assert policy_config_from(ap.parse_args([])) == PolicyConfig(work_aware=True, best_move=True)
     off = policy_config_from(ap.parse_args(["--no-work-aware", "--no-pool-return", "--no-regroup-on-learn",
                                             "--no-pooled-joins", "--no-best-move", "--max-moves", "2",
                                             "--learn-min-samples", "5", "--coexec-margin-big", "0.02"]))

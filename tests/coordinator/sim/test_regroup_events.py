@@ -10,7 +10,8 @@ from .builders import trace_job
 
 
 def _run(trace, seed: int = 0, **cfg):  # noqa: ANN001, ANN202
-    ctx = build_context(trace, seed=seed, record_intervals=False, policy_config=PolicyConfig(**cfg))
+    config = PolicyConfig(**{"work_aware": True, "best_move": True, **cfg})  # the simulator's defaults
+    ctx = build_context(trace, seed=seed, record_intervals=False, policy_config=config)
     res = simulate(trace, ["rollmux"], ctx=ctx)
     return res.runs["rollmux"], res.summaries["rollmux"]
 
