@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from rollmux.coordinator.policy import RollMuxPolicy
@@ -38,6 +38,18 @@ from rollmux.model import ClusterSpec, Phase, Pool
 
 log = logging.getLogger("rollmux.coordinator")
 T = TypeVar("T")
+
+GAUGE_SLICE = 256
+"""Items the once-a-second gauge pass handles between two yields to the event loop. In one pass, at
+2,000 jobs (4,000 nodes, 2,000 groups) it took about 11 ms (py-spy), a stall of every call in flight."""
+
+
+async def _sliced(items: list[T], every: int = GAUGE_SLICE) -> AsyncIterator[T]:
+    """`items`, yielding to the event loop after every `every` of them."""
+    for i, item in enumerate(items):
+        if i and i % every == 0:
+            await asyncio.sleep(0)
+        yield item
 
 
 class Coordinator:
@@ -223,18 +235,20 @@ class Coordinator:
         while True:
             await asyncio.sleep(1.0)
             now = self.clock()
-            self._refresh_gauges(now - last)
+            await self._refresh_gauges(now - last)
             last = now
 
-    def _refresh_gauges(self, dt: float) -> None:
-        """One pass over the nodes and one over the jobs: this runs on the event loop between grants,
-        so at thousands of jobs it must not walk the round-robin rings (`Runtime.queues`)."""
+    async def _refresh_gauges(self, dt: float) -> None:
+        """One pass over the nodes, the jobs and the groups: this runs on the event loop between grants,
+        so at thousands of jobs it must not walk the round-robin rings (`Runtime.queues`), and it yields
+        every GAUGE_SLICE items (`_sliced`). Gauges are a sample, so state that moves while the pass
+        yields is fine: the next pass, a second later, sees it."""
         rt = self.rt
         waiting = rt.queued_per_node()
         qlen = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
         ready = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
         node_states = dict.fromkeys(("ready", "lost", "draining", "drained"), 0)
-        for node_id, node in rt.nodes.items():
+        async for node_id, node in _sliced(list(rt.nodes.items())):
             node_states[node.state.value] = node_states.get(node.state.value, 0) + 1
             if node.state is NodeState.READY:
                 ready[node.pool] += 1
@@ -246,9 +260,12 @@ class Coordinator:
         for pool in (Pool.ROLLOUT, Pool.TRAIN):
             self.metrics.queue_length.labels(pool=pool.value).set(qlen[pool])
             self.metrics.pool_nodes.labels(pool=pool.value).set(ready[pool])
-        self.metrics.provisioned_usd_per_h.set(rt.placement.usd_per_h)
+        usd_per_h = 0.0
+        async for group in _sliced(list(rt.placement.groups.values())):
+            usd_per_h += group.usd_per_h
+        self.metrics.provisioned_usd_per_h.set(usd_per_h)
         job_states = dict.fromkeys(("pending", "admitted"), 0)
-        for job in rt.jobs.values():
+        async for job in _sliced(list(rt.jobs.values())):
             job_states[job.state.value] = job_states.get(job.state.value, 0) + 1
         for state in ("pending", "admitted"):
             self.metrics.jobs.labels(state=state).set(job_states[state])
