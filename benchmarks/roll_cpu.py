@@ -1,6 +1,6 @@
 """The real ROLL RLVR pipeline on CPU: RollMux's overhead on one job, and two jobs sequential vs multiplexed.
 
-    python benchmarks/roll_cpu.py [--steps 4] [--pair-steps 32] [--out DIR] [--check]
+    python benchmarks/roll_cpu.py [--steps 4] [--pair-steps 48] [--out DIR] [--check]
 
 Needs ``.venv-roll`` (``bash scripts/setup.sh --dev``) and a redis-server. Six real ROLL jobs (the
 CPU harness of ``tests/adapters/roll``: tiny model, fsdp2_train on gloo, hf_infer, greedy) are built
@@ -47,7 +47,9 @@ not a burst that hits one step only; the interval shows how far those move the m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -60,12 +62,34 @@ sys.path.insert(0, str(ROOT / "tests" / "adapters" / "roll"))
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from testbed import Job, Pools, build_assets, launch, phase_records, roll_unavailable, wait_built  # noqa: E402
+from testbed import (  # noqa: E402
+    Job,
+    Pools,
+    build_assets,
+    launch,
+    phase_records,
+    roll_unavailable,
+    session_pids,
+    wait_built,
+)
 
 from rollmux.adapters.roll.phases import SPAN_PHASES  # noqa: E402
 
 TARGET_OVERHEAD, TARGET_MAKESPAN = 0.03, 1.0
 LR = {"a": 1e-3, "b": 3e-3}
+
+
+def _renice(job: Job) -> int:
+    """Put every process of a built job at niceness 0, the driver's (Ray starts its workers at 15, which lets
+    any other process on the shared box starve them mid-step). Done for u-a and o-a alike, once built (during
+    the build, workers at 0 starve the jobs' own raylets). Returns how many processes were changed."""
+    n = 0
+    for pid in session_pids(job.proc.pid):
+        with contextlib.suppress(OSError):
+            if os.getpriority(os.PRIO_PROCESS, pid) != 0:
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
+                n += 1
+    return n
 
 
 def _go(wd: Path, name: str) -> Path:
@@ -205,7 +229,9 @@ def measure(wd: Path, steps: int, pair_steps: int, timeout_s: float) -> dict[str
             raise SystemExit(str(exc)) from None
         print(f"[roll_cpu] built in {time.monotonic() - t0:.0f} s", flush=True)
         res: dict[str, dict[str, Any]] = {}
-        print(f"[roll_cpu] running u-a and o-a alone, {pair_steps} steps each, one step at a time in turn", flush=True)
+        changed = _renice(jobs["u-a"]) + _renice(jobs["o-a"])
+        print(f"[roll_cpu] running u-a and o-a alone, {pair_steps} steps each, one step at a time in turn "
+              f"({changed} of their processes reniced to 0)", flush=True)
         res.update(_alternate(wd, jobs["u-a"], jobs["o-a"], pair_steps, timeout_s))
         for name in ("d-a", "d-b"):
             print(f"[roll_cpu] running {name} alone", flush=True)
@@ -291,8 +317,8 @@ def report(m: dict[str, Any], steps: int, pair_steps: int) -> tuple[list[str], b
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4, help="pipeline steps per job, sequential vs multiplexed (default 4)")
-    ap.add_argument("--pair-steps", type=int, default=32, help="pipeline steps of u-a and o-a, run in turn for the "
-                    "overhead (default 32: 31 pairs after step 0)")
+    ap.add_argument("--pair-steps", type=int, default=48, help="pipeline steps of u-a and o-a, run in turn for the "
+                    "overhead (default 48: 47 pairs after step 0)")
     ap.add_argument("--out", default=None, help="folder for the jobs' logs and phase records (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for any build or run (default 900)")
     ap.add_argument("--check", action="store_true", help="exit 1 below the targets")
