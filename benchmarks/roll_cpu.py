@@ -12,7 +12,8 @@ scenarios share the 2 cores:
    + a rollout-node and a training-node sidecar, one set per scenario), ``--pair-steps`` steps each,
    *step by step in turn*: each job pauses after every step (``harness/timing.py`` ``step_gate``) and
    the benchmark lets one step of one job run at a time, ``u-a`` first in even steps and ``o-a`` first
-   in odd ones (ABBA...), so the two steps of a pair see the same machine load;
+   in odd ones (ABBA...), so the two steps of a pair see the same machine load; once built, both jobs'
+   processes are reniced to 0 (``_renice``);
 3. ``d-a`` then ``d-b`` alone, opted in, disaggregated (actor_train on fake GPU 0, actor_infer on fake
    GPU 1: rollout on the rollout node, weights through the sync plugin; ``d-b`` another learning rate):
    the *sequential* baseline;
