@@ -294,6 +294,8 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
            redis_url: str | None = None):
     """Run the client processes against `address`; CPU seconds of `pids`, load average and Redis
     commits around the window."""
+    histograms(getattr(args, "metrics_url", None))  # imports and a first scrape now, not at the window's start
+    redis_commits(redis_url)
     phase_s = args.phase_ms / 1000.0
     start_at = time.monotonic() + 2.0 + 0.002 * args.jobs  # client processes start, import and connect first
     t_measure = start_at + phase_s + args.warmup
