@@ -259,6 +259,7 @@ def _quiet_heap() -> None:
     from rollmux.coordinator.service import gc_tuning
 
     gc_tuning.PacedCollector().start()
+    sys.setswitchinterval(gc_tuning.GIL_SWITCH_INTERVAL_S)
 
 
 def _node_streams_proc(address: str, node_ids: list[str]) -> None:

@@ -51,6 +51,12 @@ log = logging.getLogger(__name__)
 
 PASS_INTERVAL_S = 0.05
 """Seconds between two young passes: the garbage made in between waits at most this long."""
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""`sys.setswitchinterval` for the coordinator process. grpc.aio's poller thread takes the GIL to
+hand each completed read or write to the event loop; while the loop runs callbacks it holds the GIL,
+and CPython makes a waiting thread wait a whole switch interval (5 ms by default) before it asks
+the holder to let go, so under load every hand-off can cost up to 5 ms, unseen by the loop-lag
+sampler (the loop is busy, not late)."""
 RECLAIM_GROWTH = 0.5
 """A full pass runs once the heap (allocated blocks) has grown by this fraction since the last one."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,6 +153,7 @@ async def serve(opts: ServerOptions, on_started: Callable[[Running], None] | Non
     collector = gc_tuning.PacedCollector(on_pause=lambda kind, s: gc_pause.labels(**{"pass": kind}).observe(s),
                                          on_lag=running.core.metrics.loop_lag.observe)
     collector.start()
+    sys.setswitchinterval(gc_tuning.GIL_SWITCH_INTERVAL_S)
     set_health = running.core.on_ready_change
 
     def on_ready(ready: bool) -> None:
