@@ -461,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
 
         phase_s = args.phase_ms / 1000.0
-        cpu0, cpu1, load0, load1, results = _drive(address, jobs, args, [p.pid for p in procs], redis_url)
+        cpu0, cpu1, load0, load1, results = _drive(address, jobs, args, [*(p.pid for p in procs), streams.pid],
+                                                   redis_url)
+        streams_pid = streams.pid
         ceiling = None
         if args.ceiling:
             ready = MP.Event()
@@ -513,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"coordinator load: {args.jobs} jobs ({loop}), mode={args.mode}, {args.clients} client process(es), "
           f"store={store}, {os.cpu_count()} CPUs, load average {load0:.2f} -> {load1:.2f}, "
           f"window {args.seconds:g} s after {args.warmup:g} s warm-up, setup {setup_s:.1f} s")
-    print(f"CPU over the window (cores): server {server_cpu:.2f}, clients {client_cpu:.2f}, redis {redis_cpu:.2f}")
+    streams_cpu = (cpu1[streams_pid] - cpu0[streams_pid]) / args.seconds
+    print(f"CPU over the window (cores): server {server_cpu:.2f}, clients {client_cpu:.2f}, redis {redis_cpu:.2f}, "
+          f"node streams {streams_cpu:.2f}")
     cpu_per_cycle = server_cpu * args.seconds / cycles if cycles else float("nan")
     commits = args.redis_commits
     per_commit = f", {cycles / commits:.2f} cycles per commit" if commits else ""
