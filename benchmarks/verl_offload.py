@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -43,13 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollmux.ports import free_port
+
 HARNESS = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "verl" / "harness"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_state(device: Any, hidden: int, layers: int, vocab: int) -> tuple[Any, Any]:
@@ -141,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.set_device(device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     try:
         hidden, layers = args.hidden or (2048 if cuda else 512), args.layers or (12 if cuda else 4)
