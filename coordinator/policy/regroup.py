@@ -63,6 +63,19 @@ def freed_usd_per_h(group: GroupState, name: str) -> float:
     return alone * c.node_usd_per_h(Pool.ROLLOUT)
 
 
+def move_cap(state: ClusterState, config: PolicyConfig, name: str) -> int:
+    """Relocations job `name` may take over its life (the simulator and the live coordinator both ask).
+
+    `PolicyConfig.max_moves_per_job`, plus one for a pool merge's survivor with `pool_return` (alone in
+    a training pool larger than it needs because its partner ended: the pool merge priced in its return
+    to a lone group).
+    """
+    group = state.groups.get(state.job_group.get(name, ""))
+    survivor = (config.pool_return and group is not None and len(group.members) == 1
+                and len(group.train_nodes) > group.max_member_train_nodes)
+    return config.max_moves_per_job + int(survivor)
+
+
 SLACK_SHARE = 0.25
 """Share of the SLO slack left after a move that its downtime may use (runtime times are shorter
 than the plan's, so a realised solo iteration is the stricter yardstick)."""

@@ -42,7 +42,7 @@ from rollmux.coordinator.policy.intra_group import (
 )
 from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.policy.placement import RollMuxPolicy
-from rollmux.coordinator.policy.regroup import Move, apply_moves, plan_moves, plan_rescue, slo_risks
+from rollmux.coordinator.policy.regroup import Move, apply_moves, move_cap, plan_moves, plan_rescue, slo_risks
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.coordinator.sim.api import (
     JobOutcome,
@@ -149,20 +149,15 @@ class _Replay:
         self._start_segment(group.group_id, t)
 
     def _remaining_s(self, job_id: str) -> float:
-        """Solo seconds of work left (0 once a job was moved `PolicyConfig.max_moves_per_job` times: it
-        stays put; one more for a pool merge's survivor, `PolicyConfig.pool_return`)."""
+        """Solo seconds of work left (0 once a job took its `regroup.move_cap` relocations: it stays put)."""
         job = self.trace[job_id]
-        if self.moved.get(job_id, 0) >= self._max_moves + self._pool_survivor(job_id):
+        if self.moved.get(job_id, 0) >= self._move_cap(job_id):
             return 0.0
         return (job.iterations - self.jobs[job_id].done_iters) * (job.t_roll_s + job.t_train_s)
 
-    def _pool_survivor(self, job_id: str) -> int:
-        """1 when `job_id` sits alone in a training pool larger than it needs (its pool-merge partner
-        ended) and `pool_return` is on: the pool merge priced in its return to a lone group."""
+    def _move_cap(self, job_id: str) -> int:
         config = self.policy.config if isinstance(self.policy, RollMuxPolicy) else None
-        group = self.state.groups.get(self.state.job_group.get(job_id, ""))
-        return int(config is not None and config.pool_return and group is not None and len(group.members) == 1
-                   and len(group.train_nodes) > group.max_member_train_nodes)
+        return 0 if config is None else move_cap(self.state, config, job_id)
 
     def _regroup(self, names: list[str], t: float) -> None:
         """Relocate jobs where the policy finds it worth the move (RollMux with regrouping on)."""

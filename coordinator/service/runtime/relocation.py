@@ -16,15 +16,16 @@ Rollout no rank has been handed (a grant made on the old nodes but not yet picke
 first), and the grant step gives each node to one permit. The move is re-planned when the job
 acknowledges; if it no longer saves $/h or no longer fits, the directive is CANCELLED and the job
 stays. At most one directive is pending in the cluster at a time (each plan is made against the
-state the previous switch left), and each job moves at most `MAX_MOVES_PER_JOB` times, as in the
-simulator. Pair merges (two lone jobs into one new group) are left to the simulator.
+state the previous switch left), and each job moves at most `policy.regroup.move_cap` times
+(`PolicyConfig.max_moves_per_job`, one more for a pool merge's survivor), as in the simulator.
+Pair merges (two lone jobs into one new group) are left to the simulator.
 """
 
 from __future__ import annotations
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementDecision
-from rollmux.coordinator.policy.regroup import freed_usd_per_h, plan_moves
+from rollmux.coordinator.policy.regroup import freed_usd_per_h, move_cap, plan_moves
 from rollmux.coordinator.service.api import FailedPreconditionError, PermitState
 from rollmux.coordinator.service.records import JobRecord, PermitRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.admission import decision_fits
@@ -32,10 +33,6 @@ from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import PERMIT_TRANSITIONS, RELOCATION_TRANSITIONS, transition
 from rollmux.model import Phase, Pool, RelocationState
-
-MAX_MOVES_PER_JOB = 2
-"""Relocations one job may make over its life (the simulator's bound)."""
-
 
 class Relocations(LongTailMigration):
     """Planning relocation directives on departures, switching them on acknowledgement, expiring them."""
@@ -50,7 +47,9 @@ class Relocations(LongTailMigration):
     def _remaining_s(self, name: str) -> float:
         """Work assumed left for `name` when weighing a move (0: never move it again)."""
         job, rec = self.jobs.get(name), self.relocations.get(name)
-        if job is None or job.moves >= MAX_MOVES_PER_JOB or (rec is not None and rec.state is RelocationState.EXPIRED):
+        if (job is None or not isinstance(self.policy, RollMuxPolicy)
+                or job.moves >= move_cap(self.placement, self.policy.config, name)
+                or (rec is not None and rec.state is RelocationState.EXPIRED)):
             return 0.0
         return self.config.relocation_horizon_s
 

@@ -10,9 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.profiler import resolve
 from rollmux.coordinator.service.api import FailedPreconditionError, PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.model import ClusterSpec, JobSpec, Phase, Pool, RelocationState
 
 from .builders import FakeClock
@@ -20,9 +22,9 @@ from .builders import FakeClock
 TB = 10**12
 
 
-def scenario(config: ServiceConfig | None = None) -> tuple[Runtime, FakeClock]:
+def scenario(config: ServiceConfig | None = None, policy: RollMuxPolicy | None = None) -> tuple[Runtime, FakeClock]:
     clock = FakeClock()
-    rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=clock, wall=clock)
+    rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=clock, wall=clock, policy=policy)
     for i in range(2):
         rt.register_node(node_id=f"r{i}", pool=Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=TB, nvml={})
         rt.register_node(node_id=f"t{i}", pool=Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=TB, nvml={})
@@ -181,3 +183,11 @@ def test_learning_off_keeps_the_worst_case() -> None:
         for _ in range(3):
             run_phase(rt, "B", 0.5)
     assert not rt.placement.groups["g1"].members["B"].profile.learned and rt.learned == {}
+
+
+@pytest.mark.parametrize("cap", [0, 1], ids=["cap-0-never-moves", "cap-1-moves-once"])
+def test_the_move_cap_is_the_policys(cap: int) -> None:
+    config = ServiceConfig()
+    rt, _ = scenario(config, RollMuxPolicy(replace(live_policy_config(config), max_moves_per_job=cap)))
+    rt.remove_job("A", reason="deregistered")
+    assert ("C" in rt.relocations) is (cap > 0)
