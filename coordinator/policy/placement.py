@@ -294,6 +294,13 @@ class RollMuxPolicy:
         self.config = config or PolicyConfig()
         self.learner: PhaseLearnerLike | None = None  # set by whoever feeds measured times (sim, coordinator)
 
+    def variant(self, **changes: object) -> RollMuxPolicy:
+        """This policy with some `PolicyConfig` fields changed, sharing its learner: a fallback
+        decision on the same state (the live coordinator's fixed fleet retries with `work_aware` off)."""
+        other = RollMuxPolicy(replace(self.config, **changes))  # type: ignore[arg-type]
+        other.learner = self.learner
+        return other
+
     def initial_profile(self, job: JobSpec) -> PhaseProfile:
         """How a job without measurements is planned: its worst case, judged against the fleet's learned prior."""
         if self.learner is not None and self.config.learn:

@@ -108,6 +108,10 @@ class ServiceConfig:
     # Regrouping: on a departure, relocate a job to another group when the policy finds the move
     # worth it (policy.regroup), as a directive the job honours at an iteration boundary.
     regroup: bool = True
+    # Work-aware joins (PolicyConfig.work_aware, as in the simulator): a join that costs more $ per
+    # unit of work than the job alone is refused; where the fleet has no free nodes for the job
+    # alone, admission falls back to the join (runtime.admission). Off: the cheapest join in $/h.
+    work_aware: bool = True
     relocation_deadline_s: float = 120.0  # a job that has not switched by then keeps its place
     relocation_horizon_s: float = 3600.0  # remaining run assumed for a job when weighing a move
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rollmux.coordinator.policy.api import PlacementDecision
+from rollmux.coordinator.policy import RollMuxPolicy
+from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.api import (
     AlreadyExistsError,
@@ -94,12 +95,8 @@ class Admission(GrantQueues):
         spec = job.spec
         free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
                 Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
-        decision = self.policy.place(job.spec, self.placement)
-        if not decision_fits(decision, free) and job.spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
-            # The fleet is what it is: when the cheapest mode needs nodes that are not free, fall
-            # back to the disaggregated placement (the paper's), which may fit the nodes there are.
-            decision = self.policy.place(replace(job.spec, deployment=Deployment.DISAGGREGATED), self.placement)
-        if not decision_fits(decision, free):
+        decision = self._decide(job.spec, free)
+        if decision is None:
             return False
 
         def allocate(pool: Pool, count: int) -> list[str]:
@@ -121,6 +118,30 @@ class Admission(GrantQueues):
         self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
         self._pump(self.phase_nodes(job, Phase.ROLLOUT))
         return True
+
+    def _decide(self, spec: JobSpec, free: dict[Pool, list[str]]) -> PlacementDecision | None:
+        """The policy's decision for `spec` if the free nodes host it, else a fallback that they do.
+
+        The fleet is what it is (the live coordinator buys no node), so when the cheapest mode
+        needs nodes that are not free, fall back to the disaggregated placement (the paper's),
+        which may fit the nodes there are. Either try falls back to `work_aware` off (`_on_fleet`).
+        Returns None when nothing fits now (the job stays pending).
+        """
+        decision = self._on_fleet(spec, free)
+        if not decision_fits(decision, free) and spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
+            decision = self._on_fleet(replace(spec, deployment=Deployment.DISAGGREGATED), free)
+        return decision if decision_fits(decision, free) else None
+
+    def _on_fleet(self, spec: JobSpec, free: dict[Pool, list[str]]) -> PlacementDecision:
+        """The policy's decision; if its new nodes are not free and the work-aware check refused a join
+        (`occupancy`: the job would rather go alone on nodes the fleet does not have), the decision
+        with `work_aware` off, which takes that join instead of leaving the job pending."""
+        decision = self.policy.place(spec, self.placement)
+        if (not decision_fits(decision, free) and isinstance(self.policy, RollMuxPolicy)
+                and self.policy.config.work_aware
+                and any(r.reason is RejectReason.OCCUPANCY for r in decision.rejections)):
+            decision = self.policy.variant(work_aware=False).place(spec, self.placement)
+        return decision
 
     def _sync_group(self, gid: str) -> None:
         """Store the group as the placement holds it (its stored form only; no copy in memory)."""
