@@ -81,12 +81,15 @@ class PhaseTracker:
         on_enter: called with (phase, iteration) once a phase is granted (offload/reload hooks).
         on_exit: called with (phase, iteration) before a phase is released.
         on_closed: called with each phase's record once it is released (timing logs).
+        before_begin: called with (phase, iteration) before a phase's permit is asked for (the job holds
+            none then: an iteration boundary when it is a Rollout); it may raise to stop the trainer.
     """
 
     gate_for: Callable[[str], Gate]
     on_enter: Callable[[str, int], None] | None = None
     on_exit: Callable[[str, int], None] | None = None
     on_closed: Callable[[PhaseRecord], None] | None = None
+    before_begin: Callable[[str, int], None] | None = None
     history: list[PhaseRecord] = field(default_factory=list)
     _next: tuple[str, int] = ("rollout", 0)
     _open: _Open | None = None
@@ -107,6 +110,19 @@ class PhaseTracker:
         """The open phase's name, else the next phase's."""
         return self._open.phase if self._open else self._next[0]
 
+    def resume_at(self, iteration: int) -> None:
+        """Start at Rollout(`iteration`): a job restarted from its checkpoint as the same registered job
+        (the coordinator kept its next phase). Only before the first phase.
+
+        Raises:
+            AdapterError: a phase was already opened, or `iteration` is negative.
+        """
+        with self._lock:
+            if self.history or self._open is not None or iteration < 0:
+                raise AdapterError(f"RollMux adapter: cannot resume at Rollout({iteration}) after "
+                                   f"{len(self.history)} phases (open: {self.current})")
+            self._next = ("rollout", iteration)
+
     def begin(self, phase: str) -> None:
         """Open `phase` (closing the open one first); a no-op when `phase` is already open.
 
@@ -122,7 +138,10 @@ class PhaseTracker:
                                    f"{self._next[0]}({self._next[1]}): the trainer's call order is not one the "
                                    "adapter knows; report this with the trainer mode you run, or unset "
                                    "ROLLMUX_SIDECAR_SOCKET to run without RollMux")
-            it, t_request = self._next[1], time.time()
+            it = self._next[1]
+            if self.before_begin is not None:
+                self.before_begin(phase, it)
+            t_request = time.time()
             handle = self.gate_for(phase).enter(phase, it)
             self._open = _Open(phase=phase, iteration=it, handle=handle, t_request=t_request, t_start=time.time())
             if self.on_enter is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from rollmux.adapters.common import AdapterError, registration
 from rollmux.adapters.common.registration import JobIdentity
-from rollmux.adapters.verl import memory, sync_backend
+from rollmux.adapters.verl import memory, relocation, sync_backend
 from rollmux.adapters.verl import spec as verl_spec
 from rollmux.sidecar import env
 
@@ -70,6 +70,7 @@ def runtime_env_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwar
     sync_backend.choose_default(config)  # before veRL pickles the config for its TaskRunner
     memory.ensure_memory_freed(config)
     runtime_env.setdefault("env_vars", {}).update(registration.job_env(ident))
+    runtime_env["env_vars"].update(relocation.driver_env(config, ident.job, ident.relayed))
     _hook_next_ray_init(ident)
     return runtime_env
 

@@ -25,6 +25,7 @@ from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.phases import PhaseRecord
 from rollmux.adapters.common.registration import job_token, opted_in
+from rollmux.adapters.verl import relocation
 from rollmux.sidecar import env
 from rollmux.sidecar.api import phase_pool
 
@@ -91,6 +92,9 @@ class Runner:
     reload_s: list[float] = field(default_factory=list)  # measured worker `to("device")` times
     report: Callable[[int, int], Any] | None = None  # progress sink; None: rollmux.runtime_hook
     withheld: int = -1  # the last rollout iteration whose progress was withheld (recorded once each)
+    declined: set[int] = field(default_factory=set)  # relocation directive epochs this job will not honour
+    relocating: int | None = None  # the directive epoch checkpointed for at the last Sync (acknowledged next)
+    resumed: int | None = None  # restarted after a relocation: the iteration it resumes at (relocation.py)
     finished: bool = False
 
     def gate_for(self, phase: str) -> ShimGate | RankGate:
@@ -126,9 +130,33 @@ class Runner:
             record("migration_ignored", job=directive.job, keep=list(directive.keep_nodes))
 
     # ------------------------------------------------------------------------- phase callbacks
+    def before_begin(self, phase: str, iteration: int) -> None:
+        if phase == "rollout" and self.relocating is not None:
+            relocation.at_rollout_begin(self)  # the iteration boundary: may stop the trainer (JobRelocated)
+
     def on_enter(self, phase: str, iteration: int) -> None:
         if phase == "train":
             self._move("device", self.reload_s)
+        elif self.resumed is not None:  # the coordinator granted the resumed Rollout: the move is done
+            path = os.environ.get(relocation.MARKER_ENV, "")
+            record("relocation_resumed", job=self.job, iteration=iteration, node=list(self.gate_for(phase).nodes()))
+            self.resumed = None
+            if path and os.path.exists(path):
+                os.remove(path)
+
+    def check_resumed(self, trainer: Any) -> None:
+        """After veRL loaded its checkpoint: a relocated job must resume at the step it left.
+
+        Raises:
+            AdapterError: veRL resumed from another step than the relocation checkpoint's.
+        """
+        steps = int(getattr(trainer, "global_steps", 0) or 0)
+        if self.resumed is not None and steps != self.resumed:
+            from rollmux.adapters.common import AdapterError
+
+            raise AdapterError(f"RollMux: job {self.job!r} was relocated after step {self.resumed} but veRL resumed "
+                               f"from step {steps}: restart it with trainer.resume_mode=auto and the same "
+                               "trainer.default_local_dir (its relocation checkpoint)")
 
     def on_exit(self, phase: str, iteration: int) -> None:
         if phase == "sync":
@@ -209,7 +237,12 @@ def _start() -> Runner:
     r = Runner(job=job, tracker=PhaseTracker(gate_for=lambda phase: own), own=own, rollout_rank=rank)
     r.tracker.gate_for = r.gate_for
     r.tracker.on_enter, r.tracker.on_exit, r.tracker.on_closed = r.on_enter, r.on_exit, r.on_closed
-    record("attached", job=job, rollout_rank=rank is not None)
+    r.tracker.before_begin = r.before_begin
+    resume = os.environ.get(relocation.RESUME_ENV, "")
+    if resume:  # restarted on its new nodes after a relocation: the coordinator expects Rollout(resume)
+        r.resumed = int(resume)
+        r.tracker.resume_at(r.resumed)
+    record("attached", job=job, rollout_rank=rank is not None, resume_at=r.resumed)
     return r
 
 

@@ -19,7 +19,10 @@ resume_generation_replicas``                   resumes its partial rollout after
 old/ref log-prob, values, reward, critic and   train begins (the trainer object is remembered for
 actor updates (both trainers)                  the offload between phases)
 ``CheckpointEngineManager.update_weights``     sync (the whole call); before the first rollout it
-                                               is the initial weight push and opens rollout(0)
+                                               is the initial weight push and opens rollout(0). A
+                                               pending relocation directive is honoured at its end
+                                               (:mod:`.relocation`)
+``_load_checkpoint`` (both trainers)           a relocated job resumed at the step it left
 ``ReplayBuffer._wait_for_next_poll`` (v1)      rollout progress to ``runtime_hook`` (one-node rollouts)
 ``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends (an open rollout after its
                                                replicas' requests are aborted), the job deregisters
@@ -36,7 +39,7 @@ from typing import Any
 
 from rollmux.adapters.common import PatchTarget, begins, ends
 from rollmux.adapters.common.phases import around
-from rollmux.adapters.verl import driver, runner
+from rollmux.adapters.verl import driver, relocation, runner
 from rollmux.sidecar import env
 
 SUPPORTED = ">=0.9,<0.10"
@@ -71,9 +74,17 @@ def _weights_before() -> None:
 
 
 def _weights_after() -> None:
-    t = runner.tracker()
-    if t is not None:
-        t.end("sync")  # the initial push stays inside rollout(0)
+    r = runner.runner()
+    if r is not None and not r.finished:
+        relocation.at_sync_end(r)  # closes Sync; the initial push stays inside rollout(0)
+
+
+def _resumed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    r = runner.runner()
+    if r is not None and not r.finished:
+        r.check_resumed(instance)
+    return result
 
 
 def _resume_before() -> None:
@@ -138,4 +149,5 @@ def targets() -> list[PatchTarget]:
     ]
     for module, cls in ((V1, "PPOTrainer"), (V0, "RayPPOTrainer")):
         out += [PatchTarget(module=module, attribute=f"{cls}.{m}", wrapper=_train) for m in TRAIN_METHODS]
+        out.append(PatchTarget(module=module, attribute=f"{cls}._load_checkpoint", wrapper=_resumed))
     return out

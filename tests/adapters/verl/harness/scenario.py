@@ -109,6 +109,22 @@ def rollmux_setup(workdir: Path, *, lease_ttl_s: float = 10.0) -> Iterator[Local
         redis.stop()
 
 
+def add_sidecar(cluster: LocalCluster, node: str, pool: str) -> str:
+    """Start one more sidecar (`node` of `pool`) beside the cluster's two, as they run; its socket path."""
+    path = str(Path(cluster.sockets["train"]).parent / f"{node}.sock")
+    ready = cluster.dir / f"{node}.ready"
+    cluster.procs.spawn(node, ["-m", "rollmux", "sidecar", "--coordinator", cluster.server.address, "--node-id", node,
+                               "--pool", pool, "--socket", path, "--no-nvml", "--event-log", str(cluster.node_events),
+                               "--ready-file", str(ready), "--secret-file", str(cluster.dir / "secret")],
+                        log=cluster.dir / f"{node}.log")
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"sidecar {node} did not come up; see {cluster.dir / (node + '.log')}")
+        time.sleep(0.05)
+    return path
+
+
 PHASE_S = "2,1"
 """Solo rollout and train seconds of a harness job on this CPU, as a user declares them from a run alone
 (``ROLLMUX_PHASE_S``). The profiler's estimate for a 0.1M-parameter model is microseconds, where the
