@@ -94,9 +94,9 @@ class PolicyConfig:
     # in a job's life too (docs/policy.md has the figure).
     max_moves_per_job: int = 4
     # Best move: among a job's single move, pair merge and pool merge take the one saving the most $
-    # over the jobs' remaining run. False: the first of the three (in that order) that pays. Off by
-    # default: the live coordinator carries out single moves only and would skip a merge chosen over
-    # a single move; `rollmux simulate` and the benchmarks turn it on (`--no-best-move` there).
+    # over the jobs' remaining run. False: the first of the three (in that order) that pays. Off in
+    # `PolicyConfig()`; `rollmux simulate`, the benchmarks (`--no-best-move` there) and the live
+    # coordinator (`live_policy_config`: merges are one directive per moving job) turn it on.
     best_move: bool = False
     # Pool merge (regrouping): two lone jobs share one disaggregated group on both their training
     # nodes (no node bought), Trains stretched over the pooled nodes, Rollouts on the rollout pool;
@@ -115,10 +115,10 @@ class PolicyConfig:
     # Work-aware joins: take the cheapest join only when the group with the job costs no more $ per
     # unit of work (solo-seconds per second) than the group as it is plus the job alone in its
     # cheapest new group; a +$0/h join that stretches the group's period makes every member hold
-    # its nodes longer. False: the cheapest join in $/h always wins over a new group. Off by default:
-    # it assumes the lone group's nodes can be bought, and a fixed fleet (the live coordinator's)
-    # would leave the job pending instead of joining; `rollmux simulate` and the benchmarks turn it
-    # on (`--no-work-aware` there).
+    # its nodes longer. False: the cheapest join in $/h always wins over a new group. Off in
+    # `PolicyConfig()` (it assumes the lone group's nodes can be bought); `rollmux simulate`, the
+    # benchmarks (`--no-work-aware` there) and the live coordinator turn it on, the latter falling
+    # back to the join when its fixed fleet has no free nodes for the job alone (`runtime.admission`).
     work_aware: bool = False
     # Joins into pooled training pools: a group whose training pool is larger than every member needs
     # (a pool merge's, or one a big job left) takes newcomers, which the work-aware check guards.

@@ -413,6 +413,32 @@ def apply_moves(state: ClusterState, moves: Sequence[Move]) -> list[str]:
     return released
 
 
+def merge_join(state: ClusterState, job: JobSpec, group_id: str, profile: PhaseProfile | None = None) -> PlacementDecision | None:
+    """The second half of a pair or pool merge once its first half opened `group_id`: `job` joins it
+    disaggregated by the cheapest candidate that meets every member's SLO, as `_pair_cost` planned
+    it on its scratch group; None when none does any more (or the group is gone).
+
+    An executor that switches the two jobs one at a time, each at its own iteration boundary (the
+    live coordinator), re-checks the join with it when the second job acknowledges; `apply_moves`,
+    which switches both at once, needs no re-check. `profile` is the job's current one.
+    """
+    group = state.groups.get(group_id)
+    if group is None or not group.allows(Deployment.DISAGGREGATED) or not group.train_available:
+        return None
+    if group.train_dram_used_bytes + (job.train_state_bytes or 0) >= group.train_dram_bytes:
+        return None
+    node_price = state.cluster.node_usd_per_h(Pool.ROLLOUT)
+    cands, _ = candidates(group, job, state.cluster, (Deployment.DISAGGREGATED,))
+    for cand in cands:
+        periods, rejected = slo_check(cand, job, PolicyConfig(), profile)
+        if rejected is None and periods is not None:
+            return PlacementDecision(job=job.name, strategy=cand.strategy, group_id=group_id,
+                                     rollout_nodes=cand.existing_nodes, new_rollout_nodes=cand.new_nodes,
+                                     new_train_nodes=0, delta_usd_per_h=cand.new_nodes * node_price,
+                                     t_coexec_s=periods, reason=f"merge: joins {group_id}")
+    return None
+
+
 RISK_MARGIN = 1.0
 """A member is at risk when its predicted period exceeds this share of its SLO budget. The period is
 planned on high-percentile (learned) or worst-case times, so it already sits above the realised one;

@@ -112,6 +112,10 @@ class ServiceConfig:
     # unit of work than the job alone is refused; where the fleet has no free nodes for the job
     # alone, admission falls back to the join (runtime.admission). Off: the cheapest join in $/h.
     work_aware: bool = True
+    # Best move (PolicyConfig.best_move, as in the simulator): regrouping takes whichever of a single
+    # move, pair merge or pool merge saves the most $; a merge is one directive per moving job
+    # (runtime.relocation). Off: the first of the three, in that order, that pays.
+    best_move: bool = True
     relocation_deadline_s: float = 120.0  # a job that has not switched by then keeps its place
     relocation_horizon_s: float = 3600.0  # remaining run assumed for a job when weighing a move
 

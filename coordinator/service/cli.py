@@ -54,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-work-aware", action="store_true",
                         help="admit by the cheapest join in $/h (default: refuse a join that costs more $ per unit "
                              "of work than the job alone, when free nodes can host it alone)")
+    parser.add_argument("--no-best-move", action="store_true",
+                        help="regroup by the first of single move, pair merge, pool merge that pays (default: the "
+                             "one saving the most $)")
     parser.add_argument("--relocation-deadline", type=float, default=120.0,
                         help="seconds a job has to honour a relocation directive before it expires (it then "
                              "keeps its place)")
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                                  relayed_registration=not args.no_relayed_registration,
                                  deployment_modes=args.deployment_modes,
                                  learning=not args.no_learning, regroup=not args.no_regroup,
-                                 work_aware=not args.no_work_aware,
+                                 work_aware=not args.no_work_aware, best_move=not args.no_best_move,
                                  relocation_deadline_s=args.relocation_deadline),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node,

@@ -1,38 +1,47 @@
 """Regrouping in the live service: relocation directives with an epoch, switched at an iteration boundary.
 
 When a job leaves (deregistered or removed), the policy's regroup plan (`policy.regroup.plan_moves`)
-looks at the members of the group it left. A single move worth making becomes a directive
-{job, from group, to group, epoch, deadline} (``relocation/<job>``), sent to the job's nodes and on
-to its ranks (the same path as long-tail migration: node stream -> sidecar -> shim). The job
-honours it at an iteration boundary: it checkpoints, acknowledges (`ack_relocation`), re-attaches
-on its new nodes and reloads its state. The acknowledgement switches the membership in one
-transition: the job leaves its group (nodes no member needs are released), joins the target, keeps
-its next phase and iteration (so its on-policy order goes on), and the membership gets a new
-fencing epoch. A job that has not acknowledged by the deadline keeps its place (EXPIRED) and is not
-asked again.
+looks at the members of the group it left. The move it chooses (with `PolicyConfig.best_move`, the
+one saving the most $) becomes one directive per moving job {job, from group, to group, epoch,
+deadline} (``relocation/<job>``), sent to the job's nodes and on to its ranks (the same path as
+long-tail migration: node stream -> sidecar -> shim). The job honours it at an iteration boundary:
+it checkpoints, acknowledges (`ack_relocation`), re-attaches on its new nodes and reloads its state.
+The acknowledgement switches the membership in one transition: the job leaves its group (nodes no
+member needs are released), joins the target, keeps its next phase and iteration (so its on-policy
+order goes on), and the membership gets a new fencing epoch. A job that has not acknowledged by the
+deadline keeps its place (EXPIRED) and is not asked again.
+
+Merges (a pair or pool merge: two lone jobs into one new group) are two directives with one epoch,
+issued together, each switched on its own job's acknowledgement. The first half (`Move` order:
+the job whose placement opens the merged group) switches when the merge, re-planned then, still
+pays and fits the free nodes; it then sits alone in the new group. The second joins that group at
+its own boundary (`regroup.merge_join` re-checks the join; an acknowledgement that comes first
+waits for the next boundary). If the second half expires or no longer fits, the first stays alone
+in its group (a valid placement, looked at again by the planner); if the first half does not
+switch, neither does the second.
 
 Safety: a switch never touches a held node. It is accepted only while the job's next phase is a
 Rollout no rank has been handed (a grant made on the old nodes but not yet picked up is revoked
-first), and the grant step gives each node to one permit. The move is re-planned when the job
+first), takes new nodes only from the free ones (counting those the job's leaving releases), and
+the grant step gives each node to one permit. A single move is re-planned when the job
 acknowledges; if it no longer saves $/h or no longer fits, the directive is CANCELLED and the job
-stays. At most one directive is pending in the cluster at a time (each plan is made against the
-state the previous switch left), and each job moves at most `policy.regroup.move_cap` times
+stays. At most one move is pending in the cluster at a time (each plan is made against the state
+the previous switch left), and each job moves at most `policy.regroup.move_cap` times
 (`PolicyConfig.max_moves_per_job`, one more for a pool merge's survivor), as in the simulator.
-Pair merges (two lone jobs into one new group) are left to the simulator.
+The fixed fleet buys no node: a move whose halves do not fit the free nodes in order is not directed.
 """
-
 from __future__ import annotations
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementDecision
-from rollmux.coordinator.policy.regroup import freed_usd_per_h, move_cap, plan_moves
+from rollmux.coordinator.policy.regroup import Move, freed_usd_per_h, merge_join, move_cap, plan_moves
 from rollmux.coordinator.service.api import FailedPreconditionError, PermitState
 from rollmux.coordinator.service.records import JobRecord, PermitRecord, RelocationRecord
-from rollmux.coordinator.service.runtime.admission import decision_fits
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import PERMIT_TRANSITIONS, RELOCATION_TRANSITIONS, transition
 from rollmux.model import Phase, Pool, RelocationState
+
 
 class Relocations(LongTailMigration):
     """Planning relocation directives on departures, switching them on acknowledgement, expiring them."""
@@ -40,9 +49,17 @@ class Relocations(LongTailMigration):
     # ------------------------------------------------------------------------------------ planning
     def _departed(self, name: str, group_id: str) -> None:
         self._forget_learned(name)
-        if self.relocations.pop(name, None) is not None:
+        rec = self.relocations.pop(name, None)
+        if rec is not None:
             self._dirty[f"relocation/{name}"] = lambda: None
-        self.plan_relocations([group_id])
+        gids = [group_id]
+        if rec is not None and rec.state is RelocationState.PENDING:
+            for partner in self._partners(rec):  # a merge it was part of cannot complete
+                if partner.state is RelocationState.PENDING:
+                    self._end(partner, RelocationState.CANCELLED, f"job {name} of the same move left")
+                elif partner.state is RelocationState.SWITCHED:
+                    gids.append(partner.to_group)  # the first half stays: look at that group again
+        self.plan_relocations(gids)
 
     def _remaining_s(self, name: str) -> float:
         """Work assumed left for `name` when weighing a move (0: never move it again)."""
@@ -54,7 +71,11 @@ class Relocations(LongTailMigration):
         return self.config.relocation_horizon_s
 
     def plan_relocations(self, group_ids: list[str]) -> RelocationRecord | None:
-        """Issue one directive for a member of `group_ids` that the policy finds worth moving."""
+        """Issue the directives of one move (a single move, or a pair or pool merge: one directive per
+        moving job, one epoch) that the policy finds worth making for a member of `group_ids`.
+
+        Returns the first moving job's directive, or None.
+        """
         if not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
             return None
         if any(r.state is RelocationState.PENDING for r in self.relocations.values()):
@@ -62,27 +83,54 @@ class Relocations(LongTailMigration):
         names = [n for gid in group_ids if (g := self.placement.groups.get(gid)) is not None for n in g.members]
         for name in names:
             moves = plan_moves(self.placement, self.policy, [name], self._remaining_s)
-            if len(moves) != 1 or not self._fits_free(moves[0].decision):
-                continue  # none, a pair merge (new group for two: simulator only), or no free nodes
-            return self._issue(name, moves[0].from_group, moves[0].decision, moves[0].reason)
+            if moves and self._fits_in_order([(m.job, m.decision) for m in moves]):
+                return self._issue(moves)
         return None
 
-    def _fits_free(self, decision: PlacementDecision) -> bool:
-        spec = self.jobs[decision.job].spec
-        return decision_fits(decision, {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
-                                Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)})
+    def _released_by(self, name: str) -> list[str]:
+        """Nodes `name` leaving its group would release (the whole group when it is alone)."""
+        group = self.placement.groups[self.jobs[name].group_id]
+        if len(group.members) == 1:
+            return [*group.train_nodes, *group.rollout]
+        return [n for n in group.members[name].rollout_nodes if group.rollout[n].jobs == [name]]
 
-    def _issue(self, name: str, from_group: str, decision: PlacementDecision, reason: str) -> RelocationRecord:
+    def _fits_in_order(self, steps: list[tuple[str, PlacementDecision]]) -> bool:
+        """The fixed fleet hosts `steps` (job, decision) switched one at a time in this order: each
+        job's new nodes come from the nodes free then, counting those it and the earlier steps release
+        (a job switches at its iteration boundary, holding no node)."""
+        spare = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}  # released by the steps so far, less what they took
+        for name, decision in steps:
+            spec = self.jobs[name].spec
+            for n in self._released_by(name):
+                spare[self.nodes[n].pool] += 1
+            spare[Pool.ROLLOUT] -= decision.new_rollout_nodes
+            spare[decision.train_pool] -= decision.new_train_nodes
+            free = {Pool.ROLLOUT: len(self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0)),
+                    Pool.TRAIN: len(self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0))}
+            if any(free[p] + spare[p] < 0 for p in spare):
+                return False
+        return True
+
+    def _issue(self, moves: list[Move]) -> RelocationRecord:
+        """One directive per moving job, all named by one new epoch (that is what ties a merge's halves)."""
         self.meta.epoch += 1
         self._touch("meta", self.meta)
-        rec = RelocationRecord(job=name, from_group=from_group, to_group=decision.group_id or "",
-                               epoch=self.meta.epoch, deadline_unix_s=self.wall() + self.config.relocation_deadline_s,
-                               reason=reason)
-        self.relocations[name] = rec
-        self._touch(f"relocation/{name}", rec)
-        self._notify(Notice(kind=NoticeKind.RELOCATE, job=name, nodes=self._job_nodes(self.jobs[name]),
-                            epoch=rec.epoch, reason=reason))
-        return rec
+        deadline = self.wall() + self.config.relocation_deadline_s
+        recs = []
+        for m in moves:
+            to = (m.decision.group_id or "") if len(moves) == 1 else ""  # a merge's group does not exist yet
+            rec = RelocationRecord(job=m.job, from_group=m.from_group, to_group=to, epoch=self.meta.epoch,
+                                   deadline_unix_s=deadline, reason=m.reason)
+            self.relocations[m.job] = rec
+            self._touch(f"relocation/{m.job}", rec)
+            self._notify(Notice(kind=NoticeKind.RELOCATE, job=m.job, nodes=self._job_nodes(self.jobs[m.job]),
+                                epoch=rec.epoch, reason=m.reason))
+            recs.append(rec)
+        return recs[0]
+
+    def _partners(self, rec: RelocationRecord) -> list[RelocationRecord]:
+        """The other directives of the move `rec` belongs to (same epoch); [] for a single move."""
+        return [r for r in self.relocations.values() if r.epoch == rec.epoch and r.job != rec.job]
 
     def _job_nodes(self, job: JobRecord) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*self.phase_nodes(job, Phase.ROLLOUT), *self.phase_nodes(job, Phase.TRAIN)]))
@@ -116,20 +164,67 @@ class Relocations(LongTailMigration):
         if rec.state is not RelocationState.PENDING:
             return rec, f"directive already {rec.state.value}"
         if self.wall() >= rec.deadline_unix_s:
-            self._end(rec, RelocationState.EXPIRED, "deadline passed before the job acknowledged")
+            self.plan_relocations(self._expire_directive(rec))
             return rec, "deadline passed: the job keeps its place"
         permit = self.permits.get(name)
         if permit is None or permit.phase is not Phase.ROLLOUT or (permit.state is PermitState.GRANTED and permit.picked):
             what = "no permit" if permit is None else f"{permit.phase.value}({permit.iteration}) {permit.state.value}"
             return rec, f"not at an iteration boundary (the job holds {what}): acknowledge again before the next Rollout"
+        partners = self._partners(rec)
+        if partners:
+            return self._ack_merge(job, permit, rec, partners)
         decision = self.policy.place(job.spec, self.placement, exclude=rec.from_group)
         group = self.placement.groups[rec.from_group]
         saving = freed_usd_per_h(group, name) - decision.delta_usd_per_h
-        if (decision.group_id or "") != rec.to_group or saving <= 1e-9 or not self._fits_free(decision):
+        if (decision.group_id or "") != rec.to_group or saving <= 1e-9 or not self._fits_in_order([(name, decision)]):
             self._end(rec, RelocationState.CANCELLED, f"no longer worth it or possible (now: {decision.explain()})")
             return rec, "cancelled: the move no longer saves or fits; the job keeps its place"
         self._switch(job, permit, rec, decision)
         return rec, f"switched to {job.group_id}"
+
+    def _ack_merge(self, job: JobRecord, permit: PermitRecord, rec: RelocationRecord,
+                   partners: list[RelocationRecord]) -> tuple[RelocationRecord, str]:
+        """A pair or pool merge's job at its boundary. The first half (the job that opens the merged
+        group, `Move` order) switches on its own acknowledgement when the re-planned merge still
+        pays and fits; the second joins that group on its own, re-checked (`regroup.merge_join`).
+        Every intermediate state is a valid placement: after the first half alone, its job sits in
+        a group of its own."""
+        name, (partner,) = job.name, partners
+        if partner.state is RelocationState.SWITCHED:  # the first half is done: join its group
+            if rec.to_group not in self.placement.groups:  # the merged group is gone (its job left)
+                self._end(rec, RelocationState.CANCELLED, f"{partner.job}'s group {rec.to_group} is gone")
+                return rec, "cancelled: the group to join is gone; the job keeps its place"
+            member = self.placement.groups[rec.from_group].members[name]
+            decision = merge_join(self.placement, job.spec, rec.to_group, member.profile)
+            if decision is None or not self._fits_in_order([(name, decision)]):
+                self._end(rec, RelocationState.CANCELLED, f"can no longer join {rec.to_group} (SLO or free nodes)")
+                self.plan_relocations([rec.to_group])  # the first half's job may go back
+                return rec, "cancelled: the merge no longer fits; the job keeps its place"
+            self._switch(job, permit, rec, decision)
+            return rec, f"switched to {job.group_id}"
+        if partner.state is not RelocationState.PENDING:
+            self._end(rec, RelocationState.CANCELLED, f"{partner.job}'s half of the move was {partner.state.value}")
+            return rec, "cancelled: the other job of the merge did not move; the job keeps its place"
+        moves = self._replan_merge(name, partner.job)
+        if moves is None or not self._fits_in_order([(m.job, m.decision) for m in moves]):
+            for r in (rec, partner):
+                self._end(r, RelocationState.CANCELLED, "the merge no longer saves or fits")
+            return rec, "cancelled: the merge no longer saves or fits; the job keeps its place"
+        if moves[0].job != name:
+            return rec, (f"waiting for {partner.job} to switch first (it opens the merged group): acknowledge again "
+                         "at the next iteration boundary")
+        self._switch(job, permit, rec, moves[0].decision)
+        partner.to_group = job.group_id  # the second half joins the group the first opened
+        self._touch(f"relocation/{partner.job}", partner)
+        return rec, f"switched to {job.group_id}"
+
+    def _replan_merge(self, a: str, b: str) -> list[Move] | None:
+        """The merge of jobs a and b if the policy, asked again for either, still chooses it."""
+        for name in (a, b):
+            moves = plan_moves(self.placement, self.policy, [name], self._remaining_s)  # type: ignore[arg-type]
+            if len(moves) == 2 and {m.job for m in moves} == {a, b}:
+                return moves
+        return None
 
     def _switch(self, job: JobRecord, permit: PermitRecord, rec: RelocationRecord, decision: PlacementDecision) -> None:
         """Move `job` out of its group into `decision`'s, atomically, keeping its next phase."""
@@ -187,10 +282,19 @@ class Relocations(LongTailMigration):
         """Leases past their TTL (see `Leases.expire`), and directives past their deadline (the job stays)."""
         expired = super().expire()
         now = self.wall()
+        again: list[str] = []
         for rec in list(self.relocations.values()):
             if rec.state is RelocationState.PENDING and rec.deadline_unix_s <= now:
-                self._end(rec, RelocationState.EXPIRED, "deadline passed before the job acknowledged")
+                again += self._expire_directive(rec)
+        if again:
+            self.plan_relocations(again)
         return expired
+
+    def _expire_directive(self, rec: RelocationRecord) -> list[str]:
+        """End `rec` past its deadline (the job keeps its place); returns the groups to look at again: a
+        merge's group whose first half switched and whose second half now never comes."""
+        self._end(rec, RelocationState.EXPIRED, "deadline passed before the job acknowledged")
+        return [p.to_group for p in self._partners(rec) if p.state is RelocationState.SWITCHED]
 
     def next_deadline(self) -> float | None:
         pending = [self.clock() + (r.deadline_unix_s - self.wall()) for r in self.relocations.values()

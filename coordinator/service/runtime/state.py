@@ -36,11 +36,12 @@ def live_policy_config(config: ServiceConfig, *, max_group_size: int = 5) -> Pol
     `ServiceConfig.learning` (the runtime feeds the learner from released durations,
     `runtime.learning`) and regrouping `ServiceConfig.regroup` (moves become relocation
     directives, `runtime.relocation`); work-aware joins `ServiceConfig.work_aware` (on: admission falls
-    back to the join where the fleet has no free nodes for the job alone, `runtime.admission`).
+    back to the join where the fleet has no free nodes for the job alone, `runtime.admission`) and
+    best moves `ServiceConfig.best_move` (merges become one directive per moving job).
     Every other knob is `PolicyConfig`'s default, as in the simulator.
     """
     return PolicyConfig(max_group_size=max_group_size, modes=config.deployment_modes, learn=config.learning,
-                        regroup=config.regroup, work_aware=config.work_aware)
+                        regroup=config.regroup, work_aware=config.work_aware, best_move=config.best_move)
 
 
 class NoticeKind(str, Enum):

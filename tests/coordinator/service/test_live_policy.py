@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from rollmux.coordinator.profiler import resolve
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.runtime import Runtime
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.model import ClusterSpec, JobSpec, Pool, RelocationState
 
 from .builders import TB, FakeClock
 from .conftest import add_node
@@ -52,3 +52,114 @@ def test_work_aware_off_takes_the_cheapest_join() -> None:
     for name in "ab":
         rt.register_job(resolve(stretching(name), ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
     assert rt.jobs["b"].group_id == rt.jobs["a"].group_id  # +$14.80/h beats $57.04/h alone
+    assert not rt.policy.config.work_aware  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------------
+# best move: a pool merge carried out as one directive per moving job
+# ------------------------------------------------------------------------------------------------
+
+def two_lone_jobs(n_train: int = 3, config: ServiceConfig | None = None) -> Runtime:
+    """A and B (100 + 300 s, SLO 1.3) cannot share one training node, so each runs alone (g0, g1);
+    pooling both training nodes in one group (one rollout node) meets both SLOs for less."""
+    clock = FakeClock()
+    rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=clock, wall=clock)
+    for node_id, pool in (("r0", Pool.ROLLOUT), ("r1", Pool.ROLLOUT), *((f"t{i}", Pool.TRAIN) for i in range(n_train))):
+        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
+                         host_dram_bytes=TB, nvml={})
+        rt.node_connected(node_id)
+    for name in "AB":
+        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=100, t_train_s=300, slo=1.3,
+                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    assert [rt.jobs[n].group_id for n in "AB"] == ["g0", "g1"]
+    rt.take_changes()
+    return rt
+
+
+def to_boundary(rt: Runtime, name: str) -> None:
+    """Run `name`'s Rollout, Train and Sync (its next Rollout is then not handed out: a boundary)."""
+    for _ in range(3):
+        p = rt.permits[name]
+        got = rt.acquire(name, p.phase, p.iteration)
+        assert got is not None and got.state is PermitState.GRANTED, rt.wait_reason(name)
+        rt.release(name, got.epoch, 1.0)
+        rt.check_invariants()
+
+
+def test_a_pool_merge_switches_each_job_on_its_own_ack() -> None:
+    rt = two_lone_jobs()
+    a = rt.plan_relocations(["g0"])
+    assert a is not None and "pool their training nodes" in a.reason
+    b = rt.relocations["B"]
+    assert b.epoch == a.epoch and b.state is RelocationState.PENDING and a.to_group == b.to_group == ""
+
+    to_boundary(rt, "B")  # B reaches its boundary first: it opens the pooled group (the two are alike)
+    rec, _ = rt.ack_relocation("B", b.epoch)
+    assert rec.state is RelocationState.SWITCHED and rec.to_group == "g2" and len(rec.train_nodes) == 2
+    assert rt.relocations["A"].to_group == "g2" and rt.relocations["A"].state is RelocationState.PENDING
+    assert {n: rt.jobs[n].group_id for n in "AB"} == {"A": "g0", "B": "g2"}  # each alone, on its own nodes
+    rt.check_invariants()
+    rt = Runtime.from_records(rt.records(), rt.cluster, rt.config, clock=rt.clock, wall=rt.wall)  # a restart
+    for node_id in list(rt.nodes):
+        rt.node_connected(node_id)
+
+    to_boundary(rt, "A")
+    rec, _ = rt.ack_relocation("A", a.epoch)
+    assert rec.state is RelocationState.SWITCHED
+    assert list(rt.placement.groups) == ["g2"] and list(rt.placement.groups["g2"].members) == ["B", "A"]
+    g2 = rt.placement.groups["g2"]
+    assert len(g2.train_nodes) == 2 and len(g2.rollout) == 1  # one rollout node released, no training node bought
+    assert [rt.permits[n].iteration for n in "AB"] == [1, 1] and rt.jobs["A"].moves == rt.jobs["B"].moves == 1
+    rt.check_invariants()
+    for _ in range(2):  # both go on in the merged group, in turn
+        for name in "BA":
+            to_boundary(rt, name)
+    assert [rt.permits[n].iteration for n in "AB"] == [3, 3]
+
+
+def test_a_merge_whose_second_half_expires_leaves_the_first_alone_and_looks_again() -> None:
+    rt = two_lone_jobs(config=ServiceConfig(relocation_deadline_s=5.0))
+    a = rt.plan_relocations(["g0"])
+    assert a is not None
+    to_boundary(rt, "A")
+    assert rt.ack_relocation("A", a.epoch)[0].state is RelocationState.SWITCHED
+    rt.clock.advance(6.0)  # type: ignore[attr-defined]
+    rt.expire()
+    assert rt.relocations["B"].state is RelocationState.EXPIRED and rt.jobs["B"].group_id == "g1"
+    assert {n: rt.jobs[n].group_id for n in "AB"} == {"A": "g2", "B": "g1"}
+    rt.check_invariants()  # a valid placement: A alone in the pooled group, B where it was
+    back = rt.relocations["A"]  # A, alone in a training pool larger than it needs, may go back
+    assert back.epoch > a.epoch and back.state is RelocationState.PENDING and back.from_group == "g2"
+
+
+def test_a_merge_that_does_not_fit_the_free_nodes_is_not_directed() -> None:
+    rt = two_lone_jobs(n_train=2)  # the pooled group would need B's training node while B runs on it
+    assert rt.plan_relocations(["g0"]) is None and rt.relocations == {}
+
+
+def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> None:
+    clock = FakeClock()
+    rt = Runtime(ClusterSpec(), ServiceConfig(), clock=clock, wall=clock)
+    for node_id, pool in (*((f"r{i}", Pool.ROLLOUT) for i in range(3)), *((f"t{i}", Pool.TRAIN) for i in range(4))):
+        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
+                         host_dram_bytes=TB, nvml={})
+        rt.node_connected(node_id)
+    for name, n_train, t_train in (("A", 16, 300), ("B", 8, 150)):  # A trains on two nodes: it opens the pool
+        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=n_train, t_roll_s=100, t_train_s=t_train, slo=1.3,
+                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    a = rt.plan_relocations(["g1"])  # planned for B; the directive returned is the first half's
+    assert a is not None and a.job == "A"
+    b = rt.relocations["B"]
+    assert b.epoch == a.epoch
+    to_boundary(rt, "B")
+    rec, note = rt.ack_relocation("B", b.epoch)
+    assert rec.state is RelocationState.PENDING and "waiting for A" in note and rt.jobs["B"].group_id == "g1"
+    to_boundary(rt, "A")
+    assert rt.ack_relocation("A", b.epoch)[0].state is RelocationState.SWITCHED
+    to_boundary(rt, "B")
+    assert rt.ack_relocation("B", b.epoch)[0].state is RelocationState.SWITCHED
+    (g,) = rt.placement.groups.values()
+    assert list(g.members) == ["A", "B"] and len(g.train_nodes) == 3 and len(g.rollout) == 1
+    rt.check_invariants()
