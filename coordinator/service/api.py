@@ -116,6 +116,9 @@ class ServiceConfig:
     # move, pair merge or pool merge saves the most $; a merge is one directive per moving job
     # (runtime.relocation). Off: the first of the three, in that order, that pays.
     best_move: bool = True
+    # Regroup on learning events (PolicyConfig.regroup_on_learn, as in the simulator): when a member's
+    # phase times become learned, look for moves for its group's members, as after a departure.
+    regroup_on_learn: bool = True
     relocation_deadline_s: float = 120.0  # a job that has not switched by then keeps its place
     relocation_horizon_s: float = 3600.0  # remaining run assumed for a job when weighing a move
 

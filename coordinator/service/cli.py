@@ -57,6 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-best-move", action="store_true",
                         help="regroup by the first of single move, pair merge, pool merge that pays (default: the "
                              "one saving the most $)")
+    parser.add_argument("--no-regroup-on-learn", action="store_true",
+                        help="look for moves only after departures (default: also when a job's phase times "
+                             "become learned)")
     parser.add_argument("--relocation-deadline", type=float, default=120.0,
                         help="seconds a job has to honour a relocation directive before it expires (it then "
                              "keeps its place)")
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
                                  deployment_modes=args.deployment_modes,
                                  learning=not args.no_learning, regroup=not args.no_regroup,
                                  work_aware=not args.no_work_aware, best_move=not args.no_best_move,
+                                 regroup_on_learn=not args.no_regroup_on_learn,
                                  relocation_deadline_s=args.relocation_deadline),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node,

@@ -5,7 +5,9 @@ and train seconds until its Sync is released; then the iteration, solo-normalise
 hardware factors and warm loads taken out, as `policy.state.Member` puts them in), goes to the
 learner, and the member is planned with its learned profile once the learner is confident
 (`PolicyConfig.learn_min_samples`). Admission and SLO checks then use those times
-(`policy.placement`), and newcomers are judged against the fleet prior.
+(`policy.placement`), and newcomers are judged against the fleet prior. The iteration that makes
+a member's times learned is a learning event: with `PolicyConfig.regroup_on_learn` the group's
+members are looked at for moves (`runtime.relocation`), as after a departure and as in the simulator.
 
 Durability: each job's window of measured iterations is stored (``learn/<job>``, written in the
 same commit as the Sync release that added to it) and replayed into a fresh learner on reload, so a
@@ -49,7 +51,10 @@ class PhaseLearning(NodeLiveness):
         window.append((solo_roll, solo_train))
         del window[:-self.learner.config.learn_window]
         self._dirty[f"learn/{name}"] = lambda w=list(window): dumps(w)
+        was_learned = m.profile.learned
         self._joined(name)
+        if not was_learned and group.members[name].profile.learned:
+            self._became_learned(name, group.group_id)  # its group's plan changed: look for moves, as the simulator does
 
     def _joined(self, name: str) -> None:
         job = self.jobs.get(name)

@@ -1,7 +1,8 @@
 """Regrouping in the live service: relocation directives with an epoch, switched at an iteration boundary.
 
 When a job leaves (deregistered or removed), the policy's regroup plan (`policy.regroup.plan_moves`)
-looks at the members of the group it left. The move it chooses (with `PolicyConfig.best_move`, the
+looks at the members of the group it left; after a learning event (a member's phase times became
+learned, `runtime.learning`; `PolicyConfig.regroup_on_learn`), at the members of its group. The move it chooses (with `PolicyConfig.best_move`, the
 one saving the most $) becomes one directive per moving job {job, from group, to group, epoch,
 deadline} (``relocation/<job>``), sent to the job's nodes and on to its ranks (the same path as
 long-tail migration: node stream -> sidecar -> shim). The job honours it at an iteration boundary:
@@ -60,6 +61,10 @@ class Relocations(LongTailMigration):
                 elif partner.state is RelocationState.SWITCHED:
                     gids.append(partner.to_group)  # the first half stays: look at that group again
         self.plan_relocations(gids)
+
+    def _became_learned(self, name: str, group_id: str) -> None:
+        if isinstance(self.policy, RollMuxPolicy) and self.policy.config.regroup_on_learn:
+            self.plan_relocations([group_id])
 
     def _remaining_s(self, name: str) -> float:
         """Work assumed left for `name` when weighing a move (0: never move it again)."""

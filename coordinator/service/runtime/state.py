@@ -35,13 +35,15 @@ def live_policy_config(config: ServiceConfig, *, max_group_size: int = 5) -> Pol
     Deployment modes follow `ServiceConfig.deployment_modes` (off by default); learned phase times
     `ServiceConfig.learning` (the runtime feeds the learner from released durations,
     `runtime.learning`) and regrouping `ServiceConfig.regroup` (moves become relocation
-    directives, `runtime.relocation`); work-aware joins `ServiceConfig.work_aware` (on: admission falls
+    directives, `runtime.relocation`; also on learning events unless `ServiceConfig.regroup_on_learn`
+    is off); work-aware joins `ServiceConfig.work_aware` (on: admission falls
     back to the join where the fleet has no free nodes for the job alone, `runtime.admission`) and
     best moves `ServiceConfig.best_move` (merges become one directive per moving job).
     Every other knob is `PolicyConfig`'s default, as in the simulator.
     """
     return PolicyConfig(max_group_size=max_group_size, modes=config.deployment_modes, learn=config.learning,
-                        regroup=config.regroup, work_aware=config.work_aware, best_move=config.best_move)
+                        regroup=config.regroup, work_aware=config.work_aware, best_move=config.best_move,
+                        regroup_on_learn=config.regroup_on_learn)
 
 
 class NoticeKind(str, Enum):
@@ -124,6 +126,9 @@ class RuntimeState:
 
     def _departed(self, name: str, group_id: str) -> None:
         """A job left `group_id`: forget what was learned of it, cancel its directive, plan regrouping."""
+
+    def _became_learned(self, name: str, group_id: str) -> None:
+        """Member `name`'s phase times just became learned (a learning event): plan regrouping for its group."""
 
     # ------------------------------------------------------------------------------------------
     # lookups (raise NotFound)

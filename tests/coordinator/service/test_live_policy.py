@@ -77,13 +77,14 @@ def two_lone_jobs(n_train: int = 3, config: ServiceConfig | None = None) -> Runt
     return rt
 
 
-def to_boundary(rt: Runtime, name: str) -> None:
-    """Run `name`'s Rollout, Train and Sync (its next Rollout is then not handed out: a boundary)."""
-    for _ in range(3):
+def to_boundary(rt: Runtime, name: str, seconds: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> None:
+    """Run `name`'s Rollout, Train and Sync, each measured at `seconds` (its next Rollout is then not
+    handed out: a boundary)."""
+    for duration_s in seconds:
         p = rt.permits[name]
         got = rt.acquire(name, p.phase, p.iteration)
         assert got is not None and got.state is PermitState.GRANTED, rt.wait_reason(name)
-        rt.release(name, got.epoch, 1.0)
+        rt.release(name, got.epoch, duration_s)
         rt.check_invariants()
 
 
@@ -163,3 +164,24 @@ def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> 
     (g,) = rt.placement.groups.values()
     assert list(g.members) == ["A", "B"] and len(g.train_nodes) == 3 and len(g.rollout) == 1
     rt.check_invariants()
+
+
+# ------------------------------------------------------------------------------------------------
+# regroup on learning events
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("on", [True, False], ids=["regroup-on-learn", "no-regroup-on-learn"])
+def test_a_learning_event_looks_for_moves_in_the_group(on: bool) -> None:
+    # Planned at 100 + 300 s, A and B could not share; measured at 2 + 1 s they can. The iteration that
+    # makes B's times learned (A's are already) is a learning event: B is directed into A's group.
+    rt = two_lone_jobs(config=ServiceConfig(regroup_on_learn=on))
+    for _ in range(3):  # learn_min_samples
+        to_boundary(rt, "A", (2.0, 0.5, 0.5))
+    assert rt.placement.groups["g0"].members["A"].profile.learned and rt.relocations == {}
+    for _ in range(3):
+        to_boundary(rt, "B", (2.0, 0.5, 0.5))
+    assert rt.placement.groups["g1"].members["B"].profile.learned
+    if on:
+        assert [(r.job, r.from_group, r.to_group) for r in rt.relocations.values()] == [("B", "g1", "g0")]
+    else:
+        assert rt.relocations == {}
