@@ -153,6 +153,8 @@ def at_rollout_begin(r: Any) -> None:
 
 
 def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
+    """The marker: the switched directive and where to resume (veRL's checkpoint ``global_step_<resume_at>``:
+    veRL counts steps from 1, RollMux iterations from 0)."""
     path = os.environ[MARKER_ENV]
     rec = {"job": r.job, "epoch": d.epoch, "switched_epoch": d.switched_epoch, "from_group": d.from_group,
            "to_group": d.to_group, "rollout_nodes": list(d.rollout_nodes), "train_nodes": list(d.train_nodes),
@@ -165,7 +167,7 @@ def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
 
 
 def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
-    """Detach without deregistering (the job stays registered, its next phase Rollout(iteration + 1))."""
+    """Detach without deregistering (the job stays registered, its next phase Rollout(iteration))."""
     from rollmux.adapters.verl.runner import record
     from rollmux.sidecar import shim
 

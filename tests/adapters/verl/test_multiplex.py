@@ -111,6 +111,8 @@ def test_both_jobs_finish_interleaved_with_mutual_exclusion_and_on_policy_order(
     order = [s.job for s in sp if s.node == "train-0" and s.job != VICTIM]
     assert order != sorted(order), f"the jobs were not interleaved on train-0: {order}"
     assert set(runs["left"]) <= {VICTIM}, "finished jobs were not deregistered"
+    # no directive reached them: the relocation path (test_relocation.py) left these opted-in jobs as they were
+    assert not [r for r in runs["events"] if str(r.get("event", "")).startswith("relocation")]
 
 
 def test_multiplexing_changes_timing_only(runs: dict) -> None:
