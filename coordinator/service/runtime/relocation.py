@@ -2,7 +2,9 @@
 
 When a job leaves (deregistered or removed), the policy's regroup plan (`policy.regroup.plan_moves`)
 looks at the members of the group it left; after a learning event (a member's phase times became
-learned, `runtime.learning`; `PolicyConfig.regroup_on_learn`), at the members of its group. The move it chooses (with `PolicyConfig.best_move`, the
+learned, `runtime.learning`; `PolicyConfig.regroup_on_learn`), at the members of its group. Before
+either, a member whose learned times put it over its SLO budget is rescued (`regroup.plan_rescue`,
+`rescue`), as in the simulator. The move it chooses (with `PolicyConfig.best_move`, the
 one saving the most $) becomes one directive per moving job {job, from group, to group, epoch,
 deadline} (``relocation/<job>``), sent to the job's nodes and on to its ranks (the same path as
 long-tail migration: node stream -> sidecar -> shim). The job honours it at an iteration boundary:
@@ -35,7 +37,15 @@ from __future__ import annotations
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementDecision
-from rollmux.coordinator.policy.regroup import Move, freed_usd_per_h, merge_join, move_cap, plan_moves
+from rollmux.coordinator.policy.regroup import (
+    Move,
+    freed_usd_per_h,
+    merge_join,
+    move_cap,
+    plan_moves,
+    plan_rescue,
+    slo_risks,
+)
 from rollmux.coordinator.service.api import FailedPreconditionError, PermitState
 from rollmux.coordinator.service.records import JobRecord, PermitRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
@@ -60,11 +70,37 @@ class Relocations(LongTailMigration):
                     self._end(partner, RelocationState.CANCELLED, f"job {name} of the same move left")
                 elif partner.state is RelocationState.SWITCHED:
                     gids.append(partner.to_group)  # the first half stays: look at that group again
-        self.plan_relocations(gids)
+        if self.rescue(group_id) is None:
+            self.plan_relocations(gids)
 
     def _became_learned(self, name: str, group_id: str) -> None:
-        if isinstance(self.policy, RollMuxPolicy) and self.policy.config.regroup_on_learn:
+        if (self.rescue(group_id) is None and isinstance(self.policy, RollMuxPolicy)
+                and self.policy.config.regroup_on_learn):
             self.plan_relocations([group_id])
+
+    def rescue(self, group_id: str) -> RelocationRecord | None:
+        """Direct a member of `group_id` whose learned times put its period over its SLO budget to where
+        the policy now places it (`regroup.plan_rescue`: taken whatever it saves, if the downtime fits its
+        SLO slack), as the simulator does after a departure or a learning event. Only the worst member
+        at risk that may still move is looked at. Returns its directive, or None."""
+        if not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup or self.learner is None:
+            return None
+        group = self.placement.groups.get(group_id)
+        if group is None or any(r.state is RelocationState.PENDING for r in self.relocations.values()):
+            return None
+        config = self.policy.config
+        for name in slo_risks(group, config):
+            if self.jobs[name].moves < config.max_moves_per_job and group.members[name].profile.learned:
+                moves = plan_rescue(self.placement, self.policy, name, self._remaining_s(name))
+                if moves and self._fits_in_order([(m.job, m.decision) for m in moves]):
+                    return self._issue(moves)
+                return None
+        return None
+
+    def _at_risk(self, name: str, group_id: str) -> bool:
+        group = self.placement.groups.get(group_id)
+        return (group is not None and isinstance(self.policy, RollMuxPolicy)
+                and name in slo_risks(group, self.policy.config) and group.members[name].profile.learned)
 
     def _remaining_s(self, name: str) -> float:
         """Work assumed left for `name` when weighing a move (0: never move it again)."""
@@ -178,10 +214,13 @@ class Relocations(LongTailMigration):
         partners = self._partners(rec)
         if partners:
             return self._ack_merge(job, permit, rec, partners)
-        decision = self.policy.place(job.spec, self.placement, exclude=rec.from_group)
         group = self.placement.groups[rec.from_group]
+        profile = group.members[name].profile  # planned as the regroup plan did: learned times where confident
+        decision = self.policy.place(job.spec, self.placement, exclude=rec.from_group,
+                                     profile=profile if profile.learned else None)
         saving = freed_usd_per_h(group, name) - decision.delta_usd_per_h
-        if (decision.group_id or "") != rec.to_group or saving <= 1e-9 or not self._fits_in_order([(name, decision)]):
+        pays = saving > 1e-9 or self._at_risk(name, rec.from_group)  # a rescue is taken whatever it saves
+        if (decision.group_id or "") != rec.to_group or not pays or not self._fits_in_order([(name, decision)]):
             self._end(rec, RelocationState.CANCELLED, f"no longer worth it or possible (now: {decision.explain()})")
             return rec, "cancelled: the move no longer saves or fits; the job keeps its place"
         self._switch(job, permit, rec, decision)

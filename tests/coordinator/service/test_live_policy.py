@@ -185,3 +185,29 @@ def test_a_learning_event_looks_for_moves_in_the_group(on: bool) -> None:
         assert [(r.job, r.from_group, r.to_group) for r in rt.relocations.values()] == [("B", "g1", "g0")]
     else:
         assert rt.relocations == {}
+
+
+def test_a_member_its_learned_times_put_over_its_slo_is_rescued_whatever_it_costs() -> None:
+    # Planned at 40 + 10 s, A and C share g0; measured at 1 + 4 s their two Trains on one node make a
+    # period of 8 s, over the 7.5 s their SLO allows: the learning event moves one to a group of its own.
+    clock = FakeClock()
+    rt = Runtime(ClusterSpec(), ServiceConfig(), clock=clock, wall=clock)
+    for node_id, pool in (("r0", Pool.ROLLOUT), ("r1", Pool.ROLLOUT), ("t0", Pool.TRAIN), ("t1", Pool.TRAIN)):
+        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
+                         host_dram_bytes=TB, nvml={})
+        rt.node_connected(node_id)
+    for name in "AC":
+        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=40, t_train_s=10, slo=1.5,
+                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    assert rt.jobs["A"].group_id == rt.jobs["C"].group_id == "g0"
+    for _ in range(3):
+        for name in "AC":
+            to_boundary(rt, name, (1.0, 3.0, 1.0))
+    (rec,) = rt.relocations.values()
+    assert rec.reason.startswith("SLO risk in g0") and rec.to_group == ""
+    to_boundary(rt, rec.job, (1.0, 3.0, 1.0))
+    done, _ = rt.ack_relocation(rec.job, rec.epoch)
+    assert done.state is RelocationState.SWITCHED  # taken though a group of its own costs more
+    assert {rt.jobs[n].group_id for n in "AC"} == {"g0", "g1"}
+    rt.check_invariants()
