@@ -15,6 +15,11 @@ Permit flow for one job on one node::
 
 A rank's ``Attach`` stream is its lease: when it drops without ``Detach`` the rank is DEAD, the job
 is aborted on this node and deregistered at the coordinator, which frees the node at once.
+
+A relocation directive goes to the job's ranks attached now, and the agent keeps the job's latest
+one while it is pending, to replay it to every rank of the job that attaches later (a trainer that
+starts after the directive went out, a restarted rank); a job's first rank here also takes the
+coordinator's word for it (``GetJob``), which covers directives issued while this node's stream was down.
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ from rollmux.coordinator.service.client import (
     Permit,
     PermitTimeoutError,
 )
-from rollmux.model import Lease, Migration, Phase, Pool, Relocation
+from rollmux.model import Lease, Migration, Phase, Pool, Relocation, RelocationState
 from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.proto.convert import relocation_to_pb
 from rollmux.sidecar.api import (
     PHASES,
     Connection,
@@ -123,6 +129,9 @@ class NodeAgent:
         self._ranks: dict[str, RankLease] = {}
         self._inbox: dict[str, queue.Queue[Any]] = {}  # rank_id -> events for its Attach stream
         self._seq = 0
+        # job -> (when heard, in `_heard` order; its latest relocation directive), kept while pending
+        self._relocations: dict[str, tuple[int, pb.RelocationDirective]] = {}
+        self._heard = 0
         self._stop = threading.Event()
         self._session: NodeSession | None = None
         self._monitor = threading.Thread(target=self._watch_connection, name="rollmux-conn", daemon=True)
@@ -211,15 +220,55 @@ class NodeAgent:
         elif kind == "migrate":
             self._fan_out(msg.migrate.job, ("migrate", msg.migrate))
         elif kind == "relocate":
-            self._record("relocation", job=msg.relocate.job, epoch=msg.relocate.epoch, state=msg.relocate.state)
-            self._fan_out(msg.relocate.job, ("relocate", msg.relocate))
+            d = msg.relocate
+            self._record("relocation", job=d.job, epoch=d.epoch, state=d.state)
+            with self._cv:  # held and fanned out in one step: a rank attaching meanwhile gets it exactly once
+                self._hold_relocation(d)
+                self._fan_out(d.job, ("relocate", d))
 
     def _fan_out(self, job_name: str, event: tuple[str, Any]) -> None:
-        with self._cv:
+        with self._cv:  # queued under the lock, so that no replay on attach can overtake it
             job = self._jobs.get(job_name)
-            targets = [self._inbox[r.rank_id] for r in (job.live_ranks() if job else []) if r.rank_id in self._inbox]
-        for q in targets:
-            q.put(event)
+            for r in job.live_ranks() if job else []:
+                if r.rank_id in self._inbox:
+                    self._inbox[r.rank_id].put(event)
+
+    def _hold_relocation(self, d: pb.RelocationDirective) -> None:
+        """Keep `d` as its job's directive while it is pending; drop the job's directive once it ends
+        (switched, expired, cancelled). The lock is held."""
+        held = self._relocations.get(d.job)
+        if held is not None and held[1].epoch > d.epoch:
+            return  # news of an older directive
+        if d.state == RelocationState.PENDING.value:
+            self._heard += 1
+            self._relocations[d.job] = (self._heard, d)
+        else:
+            self._relocations.pop(d.job, None)
+
+    def _adopt_relocation(self, job_name: str, known: Relocation | None, heard_before: int) -> None:
+        """On a job's first rank here, the coordinator's answer (``GetJob``, asked when `heard_before`
+        directives had been heard) replaces what this node's stream said earlier: the stream may have
+        been down when a directive was issued or ended, or the job left and was registered again.
+        A directive heard on the stream after that call started is kept. The lock is held."""
+        held = self._relocations.get(job_name)
+        if held is not None and held[0] > heard_before:
+            return
+        if known is not None and known.state is RelocationState.PENDING:
+            self._heard += 1
+            self._relocations[job_name] = (self._heard, relocation_to_pb(known))
+        else:
+            self._relocations.pop(job_name, None)
+
+    def _replay_relocation(self, job_name: str, inbox: queue.Queue[Any]) -> None:
+        """Hand a rank attaching now its job's pending directive, if it is not past its deadline
+        (then the coordinator expires it: the job keeps its place). The lock is held."""
+        held = self._relocations.get(job_name)
+        if held is None:
+            return
+        if held[1].deadline_unix_s <= time.time():
+            del self._relocations[job_name]
+            return
+        inbox.put(("relocate", held[1]))
 
     # ------------------------------------------------------------------------------ rank leases
     def note(self, event: str, **fields: Any) -> None:
@@ -249,10 +298,11 @@ class NodeAgent:
             job = self._jobs.get(job_name)
             fresh = (job is None or job.aborted is not None
                      or not hmac.compare_digest(job.client.token.encode(), job_token.encode()))
+            heard = self._heard
         if fresh:
             client = self.coordinator.job(job_name, job_token)
             try:
-                client.status()
+                info = client.status()
             except (NotFoundError, PermissionDeniedError, UnauthenticatedError) as exc:
                 raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator, or the token is "
                                      f"not its token: register it first (rollmux.register) and pass the token "
@@ -266,6 +316,7 @@ class NodeAgent:
         with self._cv:
             if fresh:
                 self._jobs[job_name] = LocalJob(name=job_name, client=client)
+                self._adopt_relocation(job_name, info.relocation, heard)
             self._seq += 1  # the random part makes ids unguessable; they are honoured only on `conn` anyway
             lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}.{secrets.token_urlsafe(12)}", job=job_name,
                               rank=rank, pid=pid, conn=conn)
@@ -273,6 +324,7 @@ class NodeAgent:
             self._ranks[lease.rank_id] = lease
             inbox: queue.Queue[Any] = queue.Queue()
             self._inbox[lease.rank_id] = inbox
+            self._replay_relocation(job_name, inbox)  # after the Attached event: the stream sends that first
         self._record("rank_attached", job=job_name, rank=rank, pid=pid)
         return lease, inbox
 
@@ -305,6 +357,8 @@ class NodeAgent:
                 job.permit = None
             if not job.live_ranks() and job.permit is None:
                 self._jobs.pop(job.name, None)
+            if deregister:  # the job leaves: its directive goes with it
+                self._relocations.pop(job.name, None)
             self._cv.notify_all()
         if inbox is not None:
             inbox.put(("detached", None))  # ends the rank's Attach stream

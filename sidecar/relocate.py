@@ -1,8 +1,9 @@
 """``rollmux.relocation()`` and ``rollmux.relocate()``: honouring a regrouping directive in the job.
 
 The coordinator may move a running job to another group when one leaves (docs/coordinator.md,
-"Live relocation"). The directive reaches every rank of the job on its Attach stream; the job
-honours it at an iteration boundary, between its Sync and its next Rollout::
+"Live relocation"). The directive reaches every rank of the job on its Attach stream (a rank that
+attaches later gets it on attaching, while it is pending); the job honours it at an iteration
+boundary, between its Sync and its next Rollout::
 
     if rollmux.relocation() is not None:
         rollmux.relocate(checkpoint=save, restore=load)   # outside any rollmux.phase
