@@ -14,6 +14,10 @@ Disaggregated jobs (actor_train and actor_infer on different devices) sync weigh
 ``rollmux.sync_plugin`` instead of ROLL's one-source broadcast, and load them on the inference side
 under the Rollout permit (:mod:`.weight_sync`); their vLLM / SGLang engines release GPU memory
 between rollouts as colocated ones do (:mod:`.workers`).
+
+An operator-registered RLVR job honours a relocation directive through ROLL's own checkpoint and
+resume (``do_checkpoint`` is wrapped; :mod:`.relocation`): it checkpoints at a step's end, acknowledges
+after the next ``model_update`` (Sync), and exits 75 for a restart on its new nodes.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ TARGETS = (
     PatchTarget(module=_RLVR, attribute="RLVRPipeline.__init__", wrapper=driver.wrap_pipeline_init),
     PatchTarget(module=_RLVR, attribute="RLVRPipeline.run", wrapper=driver.wrap_run),
     PatchTarget(module=_RLVR, attribute="get_tracer", wrapper=driver.wrap_get_tracer),
+    PatchTarget(module="roll.pipeline.base_pipeline", attribute="BasePipeline.do_checkpoint",
+                wrapper=driver.wrap_do_checkpoint),
     PatchTarget(module=_AGENTIC, attribute="AgenticPipeline.__init__", wrapper=driver.wrap_pipeline_init),
     PatchTarget(module=_AGENTIC, attribute="AgenticPipeline.run", wrapper=driver.wrap_run),
     PatchTarget(module=_AGENTIC, attribute="get_tracer", wrapper=driver.wrap_get_tracer),

@@ -25,8 +25,9 @@ from typing import Any
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.common.registration import PROPAGATED, JobIdentity, check_sidecar, register, socket_path
+from rollmux.adapters.roll import relocation
 from rollmux.adapters.roll.gate import Gates, start_gates
-from rollmux.adapters.roll.phases import SPAN_PHASES, STEP_SPAN, PhaseTracker
+from rollmux.adapters.roll.phases import SPAN_PHASES, STEP_SPAN, Action, PhaseTracker
 from rollmux.adapters.roll.spec import job_spec
 from rollmux.sidecar import env
 
@@ -47,13 +48,22 @@ class Session:
     """Every permit open/close the driver ran: (action, phase, iteration, seconds waited)."""
     progress_log: list[tuple[int, int, str | None]] = field(default_factory=list)
     """Every rollout progress report the sidecar answered: (finished, total, phase the gate held)."""
+    relocator: relocation.Relocator | None = None  # relocation directives (relocation.py)
 
     def begin(self, span: str, attributes: Any) -> None:
         step = attributes.get("global_step") if span == STEP_SPAN and isinstance(attributes, dict) else None
         self._run(self.tracker.begin(span, step))
 
     def end(self, span: str) -> None:
-        self._run(self.tracker.end(span))
+        steps = self.tracker.end(span)
+        r = self.relocator
+        if r is not None and r.pending is not None and SPAN_PHASES.get(span) == "sync" and self.gates is not None:
+            cut = next((i for i, s in enumerate(steps) if s.action is Action.OPEN), len(steps))
+            self._run(steps[:cut])  # Sync released; the next Rollout not asked for: the iteration boundary
+            nxt = steps[cut].iteration if cut < len(steps) else -1
+            steps = steps[cut:]
+            relocation.at_boundary(r, self.gates, nxt)  # may stop run() (JobRelocated)
+        self._run(steps)
 
     def finish(self, *, job_done: bool) -> None:
         try:
@@ -68,6 +78,11 @@ class Session:
     def _run(self, steps: list[Any]) -> None:
         if steps and self.gates is not None:
             self.gates.run(steps)
+            r = self.relocator
+            if r is not None and r.resumed is not None:
+                for s in steps:
+                    if s.action is Action.OPEN and s.phase == "rollout":
+                        relocation.resumed(r, s.iteration)
 
 
 def permit_log(pipeline: Any) -> list[tuple[str, str, int, float]] | None:
@@ -166,7 +181,9 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
     session = Session(identity=register(job_spec(cfg)))
     object.__setattr__(instance, _SESSION_ATTR, session)
     log.info("rollmux: ROLL job %s registered (deployment %s)", session.identity.job, session.identity.deployment)
+    session.relocator = relocation.prepare(cfg, session.identity.job, session.identity.relayed, session.tracker)
     result = wrapped(*args, **kwargs)
+    relocation.check_resumed(session.relocator, instance)
     timeout = os.environ.get(env.PERMIT_TIMEOUT_S)
     session.gates = start_gates(
         sockets={"rollout": rollout_socket, "train": socket_path()}, job=session.identity.job,
@@ -175,6 +192,15 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
         node_ids={"rollout": _node_of(getattr(instance, "actor_infer", None)),
                   "train": _node_of(getattr(instance, "actor_train", None))})
     return result
+
+
+def wrap_do_checkpoint(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """``do_checkpoint`` at a step's end: a pending relocation directive is honoured here (relocation.py)."""
+    session: Session | None = getattr(instance, _SESSION_ATTR, None)
+    if session is None or session.gates is None or session.relocator is None or _active.get() is not session:
+        return wrapped(*args, **kwargs)
+    return relocation.at_checkpoint(session.relocator, session.gates, wrapped, instance, args, kwargs)
 
 
 def check_spans(run: Callable[..., Any]) -> None:

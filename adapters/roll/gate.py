@@ -84,6 +84,24 @@ class PoolGate:
                     list(m.release_nodes))
         return dataclasses.asdict(m)
 
+    def relocation(self) -> Any:
+        """The job's pending relocation directive this rank heard (``rollmux.model.Relocation``), or None."""
+        import rollmux
+
+        return rollmux.relocation()
+
+    def relocate(self, wait_s: float) -> tuple[Any, str | None]:
+        """Acknowledge the pending directive (no permit held): (the switched directive, None) when the job
+        must leave (this rank does not re-attach), else (None, the directive's state, if any)."""
+        import rollmux
+        from rollmux.adapters.common.relocation import acknowledge
+
+        seen: list[Any] = []
+        if acknowledge(seen.append, wait_s=wait_s):
+            return seen[0], None
+        now = rollmux.relocation()
+        return None, None if now is None else now.state.value
+
     def shutdown(self, job_done: bool) -> list[tuple[int, int, str | None]]:
         """Release what is held and detach; returns the progress reports."""
         self.exit()
@@ -114,6 +132,18 @@ class Gates:
             trip = time.perf_counter() - t0 - sum(took)
             for i, (s, sec) in enumerate(zip(batch, took)):
                 self.log.append((s.action.value, s.phase, s.iteration, sec + (trip if i == len(batch) - 1 else 0.0)))
+
+    def relocation(self) -> Any:
+        """The pending relocation directive, as the gate of the job's Sync heard it (None: none)."""
+        import ray
+
+        return ray.get(self.actors[phase_pool("sync", self.deployment)].relocation.remote())
+
+    def relocate(self, wait_s: float) -> tuple[Any, str | None]:
+        """Acknowledge through the gate of the job's Sync (see ``PoolGate.relocate``)."""
+        import ray
+
+        return ray.get(self.actors[phase_pool("sync", self.deployment)].relocate.remote(wait_s))
 
     def shutdown(self, *, job_done: bool) -> None:
         import ray

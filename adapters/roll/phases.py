@@ -82,6 +82,19 @@ class PhaseTracker:
         self._step = 0
         self._open: tuple[str, int] | None = None
         self._next: tuple[str, int] = ("rollout", 0)  # the next phase the coordinator expects
+        self._resume: int | None = None  # a relocated job's restart: the iteration it resumes at
+
+    def resume_at(self, iteration: int, step: int) -> None:
+        """Start at Rollout(`iteration`), ROLL's step `step`: a relocated job restarted from its checkpoint
+        as the same registered job (the coordinator kept its next phase). Its first ``model_update`` pushes
+        the checkpointed weights to the fresh actor_infer: it runs under Rollout(`iteration`).
+
+        Raises:
+            ValueError: a step already began, or `iteration` > `step` or is negative.
+        """
+        if self._first is not None or self._open is not None or not 0 <= iteration <= step:
+            raise ValueError(f"cannot resume at Rollout({iteration}) (ROLL step {step}) once a step began")
+        self._first, self._resume, self._next = step - iteration, iteration, ("rollout", iteration)
 
     @property
     def open_phase(self) -> tuple[str, int] | None:
@@ -97,6 +110,8 @@ class PhaseTracker:
             return []
         phase = SPAN_PHASES.get(span)
         it = self._step - (self._first or 0)
+        if phase == "sync" and it == self._resume:
+            return self._close() + self._goto("rollout", it)  # the resumed push
         if phase == "sync":
             return self._close() + ([] if it == 0 else self._goto("sync", it - 1))
         if phase is None or self._open == (phase, it):
@@ -107,6 +122,8 @@ class PhaseTracker:
         """A span closed."""
         phase = SPAN_PHASES.get(span)
         it = self._step - (self._first or 0)
+        if phase == "sync" and self._open == ("rollout", it):
+            return []  # the resumed push ran inside Rollout(it), which goes on
         if phase == "sync":  # the rollout's first work (loading actor_infer) follows at once
             return self._close() + self._goto("rollout", it)
         if span in ROLLOUT_CLOSING_SPANS:

@@ -18,6 +18,9 @@ on; veRL cannot move them, so the job moves the way veRL resumes (docs/verl.md, 
    ``ROLLMUX_JOB_TOKEN`` and ``trainer.resume_mode=auto``: veRL resumes from that checkpoint, the
    driver finds the marker, and the trainer loop asks for Rollout(i+1) on the new node's sidecar.
 
+The framework-independent part (marker, acknowledgement, exit status 75) is shared with the ROLL
+adapter: :mod:`rollmux.adapters.common.relocation`.
+
 A directive the job cannot honour this way is declined (recorded once): the job does not acknowledge,
 the directive expires and the job keeps its place. Declined: a job that registered itself through
 the sidecar (its token lives only in its own Ray instance, so a restart could not attach as the same
@@ -26,18 +29,26 @@ job), ``trainer.resume_mode`` other than ``auto``, ``colocate_async`` (not teste
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
-from rollmux.errors import RollMuxError
+from rollmux.adapters.common.relocation import (
+    BOUNDARY_WAIT_S,
+    EXIT_RELOCATED,
+    MARKER,
+    SELF_REGISTERED,
+    JobRelocated,
+    acknowledge,
+    exit_on_relocation,
+    marker_for,
+    marker_record,
+    read_marker,
+    write_marker,
+)
 
-EXIT_RELOCATED = 75
-"""The driver's exit status after a relocation (``EX_TEMPFAIL``): restart the job on its new nodes."""
-
-MARKER = "rollmux-relocated.json"
-"""Written in ``trainer.default_local_dir`` when the job was switched: what a restart resumes from."""
+__all__ = ["BOUNDARY_WAIT_S", "EXIT_RELOCATED", "MARKER", "MARKER_ENV", "RESUME_ENV", "RUN_ENV", "JobRelocated",
+           "at_rollout_begin", "at_sync_end", "driver_env", "marker_path", "read_marker", "why_not"]
 
 MARKER_ENV = "ROLLMUX_VERL_RELOCATION_MARKER"
 """Set by the driver for the job's actors: the marker's absolute path (unset: relocation declined)."""
@@ -48,17 +59,6 @@ RUN_ENV = "ROLLMUX_VERL_RUN"
 RESUME_ENV = "ROLLMUX_VERL_RESUME_ITERATION"
 """Set by the driver of a restarted job: the iteration it resumes at (its next Rollout)."""
 
-BOUNDARY_WAIT_S = 5.0
-"""How long the acknowledgement is retried while the coordinator has not yet seen the Sync release."""
-
-
-class JobRelocated(RollMuxError):
-    """The job was switched to other nodes: it checkpointed and stops; restart it there (exit 75)."""
-
-
-class _Leave(Exception):
-    """Raised from ``relocate``'s checkpoint callback: the process leaves instead of re-attaching."""
-
 
 def marker_path(config: Any) -> str:
     """The marker's absolute path for a veRL config (``trainer.default_local_dir``, as veRL resolves it)."""
@@ -68,22 +68,12 @@ def marker_path(config: Any) -> str:
     return os.path.join(os.path.abspath(folder), MARKER)
 
 
-def read_marker(path: str) -> dict[str, Any] | None:
-    """The marker at `path`, or None when there is none (or it is unreadable)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def why_not(trainer: Any, tracker: Any) -> str | None:
     """Why this job cannot honour a directive at this Sync's end (None: it can)."""
     from rollmux.adapters.verl import spec
 
     if not os.environ.get(MARKER_ENV):
-        return ("the job registered itself through the sidecar, so its token lives only in this Ray instance and a "
-                "restart could not attach as the same job: set ROLLMUX_JOB and ROLLMUX_JOB_TOKEN to relocate it")
+        return SELF_REGISTERED
     cfg = getattr(trainer, "config", None)
     if cfg is None or not hasattr(trainer, "_save_checkpoint"):
         return "no veRL trainer seen yet"
@@ -138,32 +128,17 @@ def at_rollout_begin(r: Any) -> None:
 
     epoch, it = r.relocating, r.tracker.iteration  # `it`: the Rollout the job resumes at
     r.relocating = None
-
-    def leave() -> None:
-        _write_marker(r, rollmux.relocation(), resume_at=it)
-        raise _Leave
-
-    try:
-        moved = rollmux.relocate(checkpoint=leave, wait_s=BOUNDARY_WAIT_S)
-    except _Leave:
-        raise _leave(r, epoch, it) from None
-    if not moved:  # cancelled, expired, or not at a boundary for the coordinator yet: the job stays
-        now = rollmux.relocation()
-        record("relocation_kept", job=r.job, epoch=epoch, iteration=it, state=None if now is None else now.state.value)
+    if acknowledge(lambda d: _write_marker(r, d, resume_at=it), wait_s=BOUNDARY_WAIT_S):
+        raise _leave(r, epoch, it)
+    now = rollmux.relocation()  # cancelled, expired, or not at a boundary for the coordinator yet: the job stays
+    record("relocation_kept", job=r.job, epoch=epoch, iteration=it, state=None if now is None else now.state.value)
 
 
 def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
     """The marker: the switched directive and where to resume (veRL's checkpoint ``global_step_<resume_at>``:
     veRL counts steps from 1, RollMux iterations from 0)."""
-    path = os.environ[MARKER_ENV]
-    rec = {"job": r.job, "epoch": d.epoch, "switched_epoch": d.switched_epoch, "from_group": d.from_group,
-           "to_group": d.to_group, "rollout_nodes": list(d.rollout_nodes), "train_nodes": list(d.train_nodes),
-           "iteration": resume_at, "step": resume_at, "run": os.environ.get(RUN_ENV, ""), "t": round(time.time(), 6)}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(rec, f)
-    os.replace(tmp, path)
+    write_marker(os.environ[MARKER_ENV], marker_record(r.job, d, iteration=resume_at, step=resume_at,
+                                                       run=os.environ.get(RUN_ENV, "")))
 
 
 def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
@@ -194,7 +169,6 @@ def driver_env(config: Any, job: str, relayed: bool) -> dict[str, str]:
     Raises:
         AdapterError: this run restarts a relocated job but ``trainer.resume_mode`` is not ``auto``.
     """
-    import atexit
     import uuid
 
     from rollmux.adapters.common import AdapterError
@@ -204,31 +178,13 @@ def driver_env(config: Any, job: str, relayed: bool) -> dict[str, str]:
         return {}
     path, run = marker_path(config), uuid.uuid4().hex
     out = {MARKER_ENV: path, RUN_ENV: run}
-    marker = read_marker(path)
-    if marker is not None and marker.get("job") == job:
+    marker = marker_for(path, job)
+    if marker is not None:
         resume = str(spec.get(config, "trainer.resume_mode", "auto"))
         if resume != "auto":
             raise AdapterError(f"RollMux: job {job!r} was relocated at iteration {marker.get('iteration')} and must "
                                f"resume from its checkpoint ({os.path.dirname(path)}), but trainer.resume_mode="
                                f"{resume}: set trainer.resume_mode=auto")
         out[RESUME_ENV] = str(int(marker["iteration"]))
-    atexit.register(_exit_status, path, run)  # after Ray's own handler is registered: runs before it
+    exit_on_relocation(path, run)  # after Ray's own handler is registered: runs before it
     return out
-
-
-def _exit_status(path: str, run: str) -> None:
-    """At the driver's exit: a relocation in this run makes the exit status :data:`EXIT_RELOCATED`."""
-    import sys
-
-    marker = read_marker(path)
-    if marker is None or marker.get("run") != run:
-        return
-    try:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_RELOCATED)

@@ -70,12 +70,8 @@ class Pools:
 
     def start(self) -> Pools:
         from rollmux.coordinator.service.api import ServiceConfig
-        from rollmux.coordinator.service.client import CoordinatorClient
         from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
         from rollmux.model import ClusterSpec, Pool
-        from rollmux.sidecar.agent import AgentConfig, NodeAgent
-        from rollmux.sidecar.gpu import NoGpuProvider
-        from rollmux.sidecar.server import serve
 
         port = free_port()
         self.redis = subprocess.Popen([REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -87,15 +83,25 @@ class Pools:
             config=ServiceConfig(lease_ttl_s=self.lease_ttl_s, reap_interval_s=0.05, heartbeat_interval_s=0.2)))
         assert self.coordinator.wait_ready(30), "coordinator did not start"
         self.sockets: dict[str, str] = {}
-        for node, pool, gpu in (("r0", Pool.ROLLOUT, "H20"), ("t0", Pool.TRAIN, "H800")):
-            agent = NodeAgent(AgentConfig(node_id=node, pool=pool, heartbeat_s=0.2,
-                                          event_log=str(self.workdir / f"{node}-events.jsonl")),
-                              CoordinatorClient(self.coordinator.address, retry_s=5.0), NoGpuProvider(gpu, 1)).start()
-            assert agent.wait_connected(30), f"sidecar {node} did not connect"
-            path = str(self.sockdir / f"{node}.sock")
-            self.parts.append((agent, serve(agent, path)))
-            self.sockets[pool.value] = path
+        for node, pool in (("r0", Pool.ROLLOUT), ("t0", Pool.TRAIN)):
+            self.sockets[pool.value] = self.add_node(node, pool)
         return self
+
+    def add_node(self, node: str, pool: Any) -> str:
+        """Start one more sidecar (`node` of `pool`, a ``rollmux.model.Pool``, one GPU); its socket path."""
+        from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.sidecar.agent import AgentConfig, NodeAgent
+        from rollmux.sidecar.gpu import NoGpuProvider
+        from rollmux.sidecar.server import serve
+
+        gpu = "H20" if pool.value == "rollout" else "H800"
+        agent = NodeAgent(AgentConfig(node_id=node, pool=pool, heartbeat_s=0.2,
+                                      event_log=str(self.workdir / f"{node}-events.jsonl")),
+                          CoordinatorClient(self.coordinator.address, retry_s=5.0), NoGpuProvider(gpu, 1)).start()
+        assert agent.wait_connected(30), f"sidecar {node} did not connect"
+        path = str(self.sockdir / f"{node}.sock")
+        self.parts.append((agent, serve(agent, path)))
+        return path
 
     def job_env(self, event_log: Path) -> dict[str, str]:
         """What the platform sets in an opted-in job's environment: the sockets, the SLO and the solo phase

@@ -1,0 +1,149 @@
+"""Honouring a relocation directive by checkpoint, exit and restart: the framework-independent part.
+
+The coordinator may move a running job to another group (docs/coordinator.md, "Live relocation").
+A framework job's devices are held by its Ray workers on the nodes it started on, so an adapter moves
+it the way the framework resumes (docs/verl.md and docs/roll.md, "Relocation"): it saves the
+framework's own checkpoint at the end of Sync(i) while the nodes are still the job's, acknowledges
+before Rollout(i+1) (:func:`acknowledge`), and once switched writes :data:`MARKER` (:func:`write_marker`)
+and leaves with :class:`JobRelocated`; the driver exits :data:`EXIT_RELOCATED`
+(:func:`exit_on_relocation`). The platform restarts the same command on the new nodes with the same
+``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``; the adapter finds the marker (:func:`marker_for`) and resumes
+at Rollout(i+1).
+
+The framework adapters supply where the checkpoint is taken, where the marker lives, and how the
+restart resumes: ``rollmux.adapters.verl.relocation`` and ``rollmux.adapters.roll.relocation``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rollmux.errors import RollMuxError
+from rollmux.sidecar import env
+
+EXIT_RELOCATED = 75
+"""The driver's exit status after a relocation (``EX_TEMPFAIL``): restart the job on its new nodes."""
+
+MARKER = "rollmux-relocated.json"
+"""Written beside the job's checkpoint when the job was switched: what a restart resumes from."""
+
+BOUNDARY_WAIT_S = 5.0
+"""How long the acknowledgement is retried while the coordinator has not yet seen the Sync release."""
+
+SELF_REGISTERED = ("the job registered itself through the sidecar, so its token lives only in this Ray instance and "
+                   "a restart could not attach as the same job: set ROLLMUX_JOB and ROLLMUX_JOB_TOKEN to relocate it")
+"""Why a self-registered job declines every directive (docs/verl.md, "Relocation", Left)."""
+
+
+class JobRelocated(RollMuxError):
+    """The job was switched to other nodes: it checkpointed and stops; restart it there (exit 75)."""
+
+
+class _Leave(Exception):
+    """Raised from ``rollmux.relocate``'s checkpoint callback: the process leaves instead of re-attaching."""
+
+
+def record(event: str, **fields: Any) -> None:
+    """Append an adapter record (no ``owner`` key: phase readers skip it) to ``ROLLMUX_EVENT_LOG``."""
+    path = os.environ.get(env.EVENT_LOG)
+    if not path:
+        return
+    rec = {"kind": "adapter", "event": event, "pid": os.getpid(), "t": round(time.time(), 6), **fields}
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def acknowledge(on_switched: Callable[[Any], None], *, wait_s: float = BOUNDARY_WAIT_S) -> bool:
+    """Acknowledge this process's pending directive at an iteration boundary (outside any phase).
+
+    Args:
+        on_switched: called with the switched ``rollmux.model.Relocation`` before this process leaves
+            (it writes the marker); the rank does not re-attach to its new node.
+        wait_s: keep acknowledging this long while the coordinator has not yet seen the boundary.
+
+    Returns:
+        True when the coordinator switched the job (this process must leave); False when it stays
+        (cancelled, expired, or not at a boundary for the coordinator yet).
+    """
+    import rollmux
+
+    def leave() -> None:
+        on_switched(rollmux.relocation())
+        raise _Leave
+
+    try:
+        rollmux.relocate(checkpoint=leave, wait_s=wait_s)
+    except _Leave:
+        return True
+    return False
+
+
+def marker_record(job: str, directive: Any, *, iteration: int, step: int, run: str, **extra: Any) -> dict[str, Any]:
+    """The marker's content: the switched directive, the iteration to resume at (the next Rollout),
+    the framework's step counter there, and the run that wrote it (its exit status checks it)."""
+    d = directive
+    return {"job": job, "epoch": d.epoch, "switched_epoch": d.switched_epoch, "from_group": d.from_group,
+            "to_group": d.to_group, "rollout_nodes": list(d.rollout_nodes), "train_nodes": list(d.train_nodes),
+            "iteration": iteration, "step": step, "run": run, **extra, "t": round(time.time(), 6)}
+
+
+def write_marker(path: str, rec: dict[str, Any]) -> None:
+    """Write the marker atomically (a restart never reads half of it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, path)
+
+
+def read_marker(path: str) -> dict[str, Any] | None:
+    """The marker at `path`, or None when there is none (or it is unreadable)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def marker_for(path: str, job: str) -> dict[str, Any] | None:
+    """The marker at `path` when it was written for `job` (a restart of a relocated job), else None."""
+    marker = read_marker(path)
+    return marker if marker is not None and marker.get("job") == job else None
+
+
+def consume_marker(path: str) -> None:
+    """Delete the marker once the resumed Rollout was granted on the new nodes (the move is done)."""
+    if path and os.path.exists(path):
+        os.remove(path)
+
+
+def exit_on_relocation(path: str, run: str) -> None:
+    """Make the driver's exit status :data:`EXIT_RELOCATED` when run `run` wrote the marker at `path`.
+    Register it after ``ray.init`` (atexit runs it before Ray's own handler: it shuts Ray down first)."""
+    import atexit
+
+    atexit.register(_exit_status, path, run)
+
+
+def _exit_status(path: str, run: str) -> None:
+    import sys
+
+    marker = read_marker(path)
+    if marker is None or marker.get("run") != run:
+        return
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_RELOCATED)

@@ -1,0 +1,108 @@
+"""A real ROLL RLVR job relocated between groups by the real service (Redis-backed coordinator, four real
+sidecars: two per pool), through ROLL's own checkpoint and resume (docs/roll.md, "Relocation").
+
+As in the veRL adapter's test: A and B (registered from here, disaggregated) cannot share a training
+node (their training state fills its host DRAM), so B opens g1; C, the ROLL job (actor_infer co-located
+with actor_train on the training pool), packs with A in g0. A leaves once C is built (its gates
+attached); the coordinator directs C to g1. ROLL never checkpoints step 0, so C checkpoints at the end of
+step 1, acknowledges after step 2's ``model_update`` (Sync(1)), is switched and exits 75; started again on
+t1's sidecar with the same job name and token, ROLL resumes from that checkpoint and runs step 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from rollmux.adapters.common.relocation import EXIT_RELOCATED, MARKER, read_marker
+from rollmux.model import Deployment, JobSpec, Pool
+from rollmux.sidecar import env
+from rollmux.sidecar.gpu import host_dram_bytes
+
+from .testbed import Pools, build_assets, launch, phase_records, roll_unavailable, wait_built
+
+_reason = roll_unavailable()
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
+              pytest.mark.skipif(_reason is not None, reason=str(_reason))]
+STEPS = 3
+ORDER = [(p, i) for i in range(STEPS) for p in ("rollout", "train", "sync")][:-1]
+"""A 3-step job's phases: the last step's weight push belongs to a step that never runs."""
+
+
+def spec(name: str, train_state: int, deployment: Deployment) -> JobSpec:
+    return JobSpec(name=name, n_rollout_gpus=1, n_train_gpus=1, t_roll_s=2.0, t_train_s=1.0, slo=4.0,
+                   model_params_b=0.0001, rollout_state_bytes=1 << 20, train_state_bytes=train_state,
+                   deployment=deployment)
+
+
+def started_steps(log: Path) -> list[int]:
+    """The steps a driver log shows ROLL starting ("pipeline step N start...")."""
+    return [int(m) for m in re.findall(r"pipeline step (\d+) start", log.read_text(errors="replace"))]
+
+
+def adapter_records(event_log: Path) -> list[dict]:
+    """The adapter's own records (``kind: adapter``) in the event log."""
+    rows = (json.loads(line) for line in event_log.read_text().splitlines() if line.strip())
+    return [r for r in rows if r.get("kind") == "adapter"]
+
+
+def test_a_roll_job_relocated_by_the_service_resumes_on_its_new_node_in_order(tmp_path: Path) -> None:
+    from rollmux.coordinator.service.client import CoordinatorClient
+
+    build_assets(tmp_path)
+    pools = Pools(tmp_path).start()
+    client = CoordinatorClient(pools.coordinator.address, retry_s=2.0)
+    try:
+        sockets = {"t0": pools.sockets["train"], "t1": pools.add_node("t1", Pool.TRAIN)}
+        pools.add_node("r1", Pool.ROLLOUT)
+        big = int(0.6 * host_dram_bytes())
+        a, _b = (client.register_job(spec(n, big, Deployment.DISAGGREGATED)) for n in "AB")
+        c = client.register_job(spec("C", 1 << 20, Deployment.COLOCATED_TRAIN))  # the operator registers it
+        assert {g.group_id: list(g.jobs) for g in client.cluster_state().groups} == {"g0": ["A", "C"], "g1": ["B"]}
+
+        events = tmp_path / "events.jsonl"
+        opt_in = {**pools.job_env(events), env.JOB: "C", env.JOB_TOKEN: c.token}
+        go = tmp_path / "go"
+        job = launch("C", tmp_path, steps=STEPS, extra_env=opt_in, start_file=go)
+        wait_built([job])  # C's gates are attached: its ranks hear the directive
+        a.deregister()
+        go.touch()
+        first = job.wait(300)
+        assert first["rc"] == EXIT_RELOCATED, first["log_tail"]
+        marker = read_marker(str(tmp_path / "C" / "ckpt" / MARKER))
+        assert marker is not None and (marker["job"], marker["to_group"], marker["train_nodes"]) == ("C", "g1", ["t1"])
+        assert (marker["iteration"], marker["step"]) == (2, 2)  # checkpoint of step 1; Rollout(2) next
+        assert Path(marker["checkpoint"]).name == "checkpoint-1" and Path(marker["checkpoint"]).is_dir()
+        state = client.cluster_state()
+        assert {g.group_id: list(g.jobs) for g in state.groups} == {"g1": ["B", "C"]}  # one group fewer
+        freed = {n.node_id: n for n in state.nodes if n.node_id in ("r0", "t0")}
+        assert all(n.group_id == "" and not n.HasField("holder") for n in freed.values()), freed
+        info = c.status()
+        assert (info.next_phase.value, info.next_iteration) == ("rollout", 2)
+
+        shutil.move(job.log, tmp_path / "C-1.log")
+        second = launch("C", tmp_path, steps=STEPS, extra_env={**opt_in, env.SIDECAR_SOCKET: sockets["t1"]}).wait(300)
+        assert second["rc"] == 0, second["log_tail"]
+        deadline = time.monotonic() + 10
+        while [j.job for j in client.cluster_state().jobs] != ["B"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [j.job for j in client.cluster_state().jobs] == ["B"]  # C finished and deregistered
+    finally:
+        client.close()
+        pools.stop()
+
+    owned = [(r["phase"], r["iteration"], r["node"]) for r in phase_records(events) if r["job"] == "C"]
+    assert [(p, i) for p, i, _ in owned] == ORDER
+    assert {n for _, i, n in owned if i < 2} == {"t0"} and {n for _, i, n in owned if i >= 2} == {"t1"}
+    assert started_steps(tmp_path / "C-1.log") == [0, 1, 2]  # left at step 2's model_update end
+    assert started_steps(job.log) == [2]  # resumed, not redone
+    assert [s["system/step"] for s in second["steps"]] == [0, 1, 2]  # ROLL's restored history, then step 2
+    kinds = [r["event"] for r in adapter_records(events) if r["event"].startswith("relocation")]
+    assert kinds == ["relocation_checkpoint", "relocation_exit", "relocation_resumed"], kinds
+    assert not (tmp_path / "C" / "ckpt" / MARKER).exists()  # consumed once the resumed Rollout was granted
+
