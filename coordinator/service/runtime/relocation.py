@@ -74,9 +74,40 @@ class Relocations(LongTailMigration):
             self.plan_relocations(gids)
 
     def _became_learned(self, name: str, group_id: str) -> None:
-        if (self.rescue(group_id) is None and isinstance(self.policy, RollMuxPolicy)
-                and self.policy.config.regroup_on_learn):
-            self.plan_relocations([group_id])
+        """Queue the group for the paced planner (`plan_deferred`): a rescue search, or a search for a
+        move that saves $, walks every group of the cluster (~10 ms at 2,000 groups), too long for the
+        transition that releases a Sync. A group with a member at SLO risk (group-local check) goes
+        to the front."""
+        if self._at_risk_group(group_id):
+            self.rescue_due[group_id] = None
+        elif isinstance(self.policy, RollMuxPolicy) and self.policy.config.regroup_on_learn:
+            self.replan[group_id] = None
+
+    def plan_deferred(self) -> RelocationRecord | None:
+        """Look at the oldest queued group (at-risk ones first): a rescue, else (with
+        `regroup_on_learn`) a move that saves $, as after a departure.
+
+        Left queued while a directive is pending (one move at a time: the search would issue nothing),
+        so no learning event is dropped; a group that has gone since is skipped.
+        """
+        if any(r.state is RelocationState.PENDING for r in self.relocations.values()):
+            return None
+        for queue in (self.rescue_due, self.replan):
+            while queue:
+                group_id = next(iter(queue))
+                del queue[group_id]
+                if group_id not in self.placement.groups:
+                    continue
+                rec = self.rescue(group_id)
+                if rec is None and isinstance(self.policy, RollMuxPolicy) and self.policy.config.regroup_on_learn:
+                    rec = self.plan_relocations([group_id])
+                return rec
+        return None
+
+    def _at_risk_group(self, group_id: str) -> bool:
+        group = self.placement.groups.get(group_id)
+        return (group is not None and isinstance(self.policy, RollMuxPolicy)
+                and any(group.members[n].profile.learned for n in slo_risks(group, self.policy.config)))
 
     def rescue(self, group_id: str) -> RelocationRecord | None:
         """Direct a member of `group_id` whose learned times put its period over its SLO budget to where

@@ -87,6 +87,9 @@ class RuntimeState:
         self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
         self.placement = ClusterState(cluster)
         self.relocations: dict[str, RelocationRecord] = {}  # job -> its latest regrouping directive
+        # groups learning events queued for the paced planner (`plan_deferred`), oldest first; memory only
+        self.rescue_due: dict[str, None] = {}  # with a member at SLO risk: looked at first
+        self.replan: dict[str, None] = {}
         self.learner: PhaseLearner | None = None  # measured iterations per job (runtime.learning)
         self.learned: dict[str, list[tuple[float, float]]] = {}  # job -> its stored window (learn/<job>)
         if isinstance(self.policy, RollMuxPolicy) and self.policy.config.learn:
