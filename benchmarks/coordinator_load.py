@@ -88,8 +88,111 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _noop_server_proc(port: int, ready: mp.Event) -> None:  # type: ignore[valid-type]
+class StealSampler:
+    """The hypervisor's steal time on this VM's CPUs over the window, in 10 ms samples (/proc/stat).
+
+    On a shared VM the host may run other guests on our vCPUs; every process here stalls then, and
+    no code in them can tell. Sampling steal beside the asks tells such stalls apart from the
+    service's own (``correlate``).
+    """
+
+    PERIOD_S = 0.01
+
+    def __init__(self, t_start: float, t_end: float) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int]] = []  # (seconds since t_start at the sample's end, steal ticks in it)
+        self._t_start, self._t_end = t_start, t_end
+        self._thread = threading.Thread(target=self._run, name="steal-sampler", daemon=True)
+
+    @staticmethod
+    def _steal_ticks() -> int | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        return int(fields[8]) if len(fields) > 8 else None
+
+    def start(self) -> StealSampler:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        time.sleep(max(0.0, self._t_start - time.monotonic()))
+        prev = self._steal_ticks()
+        if prev is None:
+            return
+        due = time.monotonic()
+        while (now := time.monotonic()) < self._t_end:
+            due += self.PERIOD_S
+            time.sleep(max(0.0, due - now))
+            cur = self._steal_ticks() or prev
+            self.samples.append((time.monotonic() - self._t_start, cur - prev))
+            prev = cur
+
+    def summary(self, asks: list[tuple[float, float]], slow_s: float) -> str:
+        """Steal over the window and how many slow asks (over `slow_s`) overlapped a sample with steal."""
+        tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+        stolen = [t for t, n in self.samples if n > 0]
+        total_s = sum(n for _, n in self.samples) * tick_s
+        if not self.samples:
+            return "VM steal: not measured (no /proc/stat)"
+
+        def hit(t0: float, lat: float) -> bool:  # a stolen sample's 10 ms reach [t0, t0 + lat]
+            i = _bisect_left(stolen, t0)
+            return i < len(stolen) and stolen[i] - self.PERIOD_S <= t0 + lat
+
+        slow = [(t, x) for t, x in asks if x > slow_s]
+        slow_hit = sum(hit(t, x) for t, x in slow)
+        all_hit = sum(hit(t, x) for t, x in asks)
+        return (f"VM steal (the host ran others on our vCPUs): {total_s * 1e3:.0f} ms of CPU over the window, in "
+                f"{len(stolen)} of {len(self.samples)} 10 ms samples; asks over {slow_s * 1e3:.0f} ms overlapping a "
+                f"stolen sample: {slow_hit} of {len(slow)}"
+                f" ({slow_hit / len(slow) * 100 if slow else 0:.0f}%; all asks: "
+                f"{all_hit / len(asks) * 100 if asks else 0:.1f}%)")
+
+
+def _bisect_left(xs: list[float], x: float) -> int:
+    import bisect
+
+    return bisect.bisect_left(xs, x)
+
+
+def cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(CPUs of the service under test, CPUs of the load generator), or (None, None) when not pinned.
+
+    In a cluster the coordinator and its Redis have their own cores, and the jobs' shims and the
+    sidecars (the clients and the node streams here) run on other machines. Pinned, the service gets
+    the first half of this machine's CPUs and the load generator the rest, so the two do not take
+    each other's cores mid-call; other processes on the machine still run anywhere.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None, None
+    half = (len(cpus) + 1) // 2
+    return set(cpus[:half]), set(cpus[half:])
+
+
+def _pinning(args: argparse.Namespace) -> str:
+    if not args.sut_cpus:
+        return "not pinned"
+    return (f"service on CPU {','.join(map(str, sorted(args.sut_cpus)))}, load generator on CPU "
+            f"{','.join(map(str, sorted(args.load_cpus)))}")
+
+
+def pin_to(cpus: set[int] | None) -> None:
+    """Run this process (and every thread it starts from now on) on `cpus` (None: anywhere)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _noop_server_proc(port: int, ready: mp.Event, cpus: set[int] | None = None) -> None:  # type: ignore[valid-type]
     """A stateless gRPC server answering every permit call with a grant at once (the --ceiling reference)."""
+    pin_to(cpus)
     import grpc
 
     from rollmux.proto import rollmux_v1_pb2 as pb
@@ -262,7 +365,8 @@ def _quiet_heap() -> None:
     sys.setswitchinterval(gc_tuning.GIL_SWITCH_INTERVAL_S)
 
 
-def _node_streams_proc(address: str, node_ids: list[str]) -> None:
+def _node_streams_proc(address: str, node_ids: list[str], cpus: set[int] | None = None) -> None:
+    pin_to(cpus)
     asyncio.run(_node_streams_main(address, node_ids))
 
 
@@ -273,7 +377,8 @@ def _count(keys: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def _client_proc(address: str, jobs: list[Job], kw: dict, out: mp.Queue) -> None:
+def _client_proc(address: str, jobs: list[Job], kw: dict, out: mp.Queue, cpus: set[int] | None = None) -> None:
+    pin_to(cpus)
     asyncio.run(_client_main(address, jobs, out=out, **kw))
 
 
@@ -302,12 +407,14 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     t_measure = start_at + phase_s + args.warmup
     t_end = t_measure + args.seconds
     kw = {"mode": args.mode, "phase_s": phase_s, "start_at": start_at, "t_measure": t_measure, "t_end": t_end,
-          "keep_asks": bool(args.dump_asks)}
+          "keep_asks": True}
     out: mp.Queue = MP.Queue()
     shards = [jobs[k::args.clients] for k in range(args.clients)]
-    workers = [MP.Process(target=_client_proc, args=(address, s, kw, out), daemon=True) for s in shards]
+    workers = [MP.Process(target=_client_proc, args=(address, s, kw, out, args.load_cpus), daemon=True)
+               for s in shards]
     for w in workers:
         w.start()
+    steal = StealSampler(t_measure, t_end).start()
     time.sleep(max(0.0, t_measure - time.monotonic()))
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     load0 = os.getloadavg()[0]
@@ -325,7 +432,8 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     results = [out.get(timeout=120) for _ in workers]
     for w in workers:
         w.join()
-    return cpu0, cpu1, load0, load1, results
+    steal.join()
+    return cpu0, cpu1, load0, load1, results, steal
 
 
 TAIL_METRICS = ("rollmux_gc_pause_seconds", "rollmux_event_loop_lag_seconds", "rollmux_grant_latency_seconds")
@@ -387,10 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump-asks", metavar="FILE",
                     help="write every ask in the window as [seconds into the window, latency s] (JSON) to FILE: "
                          "a timeline that tells stall episodes from a spread tail")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not pin the service (coordinator, Redis) and the load generator (clients, node "
+                         "streams, this driver) to separate CPUs (pinned by default where there are 2 or more)")
     ap.add_argument("--ceiling", action="store_true",
                     help="then drive a stateless no-op gRPC server the same way: what this machine's gRPC "
                          "stack allows right now, beside the coordinator's figures")
     args = ap.parse_args(argv)
+    args.sut_cpus, args.load_cpus = cpu_split(args.pin)
+    pin_to(args.load_cpus)  # this driver is part of the load generator
 
     from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.model import JobSpec, Pool
@@ -417,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
             rport = free_port()
             redis_proc = subprocess.Popen([redis_bin, "--port", str(rport), "--bind", "127.0.0.1", "--dir",
                                            str(tmp), "--appendonly", "yes", "--appendfsync", "everysec",
-                                           "--save", ""], stdout=subprocess.DEVNULL)
+                                           "--save", ""], stdout=subprocess.DEVNULL,
+                                          preexec_fn=lambda: pin_to(args.sut_cpus))
             procs.append(redis_proc)
             wait_port(rport)
             redis_url = f"redis://127.0.0.1:{rport}/0"
@@ -425,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         port, http_port = free_port(), free_port()
         server = subprocess.Popen([sys.executable, "-m", "rollmux", "coordinator", *store_args, "--listen",
                                    f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}", "--lease-ttl", "60",
-                                   "--log-level", "warning", "--heartbeat-interval", str(NODE_HEARTBEAT_S)])
+                                   "--log-level", "warning", "--heartbeat-interval", str(NODE_HEARTBEAT_S)],
+                                  preexec_fn=lambda: pin_to(args.sut_cpus))
         args.metrics_url = f"http://127.0.0.1:{http_port}/metrics"
         procs.append(server)
         wait_port(port)
@@ -436,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             client.register_node(f"r{i}", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12)
             client.register_node(f"t{i}", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12)
         streams = MP.Process(target=_node_streams_proc, daemon=True,
-                             args=(address, [f"{p}{i}" for i in range(args.jobs) for p in "rt"]))
+                             args=(address, [f"{p}{i}" for i in range(args.jobs) for p in "rt"], args.load_cpus))
         streams.start()
         while sum(n.state == "ready" for n in client.cluster_state().nodes) < 2 * args.jobs:
             if not streams.is_alive() or time.monotonic() - t0 > 120:
@@ -461,23 +576,24 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
 
         phase_s = args.phase_ms / 1000.0
-        cpu0, cpu1, load0, load1, results = _drive(address, jobs, args, [*(p.pid for p in procs), streams.pid],
+        cpu0, cpu1, load0, load1, results, steal = _drive(address, jobs, args, [*(p.pid for p in procs), streams.pid],
                                                    redis_url)
         streams_pid = streams.pid
         ceiling = None
         if args.ceiling:
             ready = MP.Event()
             noop_port = free_port()
-            noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready), daemon=True)
+            noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready, args.sut_cpus), daemon=True)
             noop.start()
             ready.wait(30)
-            n0, n1, _, _, nres = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid])
+            n0, n1, _, _, nres, nsteal = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid])
             noop.terminate()
             noop.join(5)
             nlat = [x for r in nres for x in r["lat"]]
             ceiling = {"cycles_per_s": sum(r["cycles"] for r in nres) / args.seconds, "p50_s": pct(nlat, 0.5),
                        "p99_s": pct(nlat, 0.99), "server_cpu": (n1[noop.pid] - n0[noop.pid]) / args.seconds,
-                       "client_cpu": sum(r["cpu_s"] for r in nres) / args.seconds}
+                       "client_cpu": sum(r["cpu_s"] for r in nres) / args.seconds,
+                       "steal": nsteal.summary(sorted(a for r in nres for a in r["asks"]), TARGET_P99_S)}
     finally:
         if streams is not None:
             streams.terminate()
@@ -513,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     client_cpu = sum(r["cpu_s"] for r in results) / args.seconds
     loop = "closed loop, zero think time" if not phase_s else f"each permit held {args.phase_ms:g} ms"
     print(f"coordinator load: {args.jobs} jobs ({loop}), mode={args.mode}, {args.clients} client process(es), "
-          f"store={store}, {os.cpu_count()} CPUs, load average {load0:.2f} -> {load1:.2f}, "
+          f"store={store}, {os.cpu_count()} CPUs ({_pinning(args)}), load average {load0:.2f} -> {load1:.2f}, "
           f"window {args.seconds:g} s after {args.warmup:g} s warm-up, setup {setup_s:.1f} s")
     streams_cpu = (cpu1[streams_pid] - cpu0[streams_pid]) / args.seconds
     print(f"CPU over the window (cores): server {server_cpu:.2f}, clients {client_cpu:.2f}, redis {redis_cpu:.2f}, "
@@ -533,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     lags = [x for r in results for x in r["loop_lags"]]
     print(f"client event loop late (10 ms samples) over 5 ms: {sum(x > 0.005 for x in lags)}, over 10 ms: "
           f"{sum(x > 0.010 for x in lags)}, worst {max(lags, default=0.0) * 1e3:.1f} ms")
+    print(steal.summary(sorted(a for r in results for a in r["asks"]), TARGET_P99_S))
     print(f"{'metric':<34}{'RollMux':>12}{'paper proto':>14}{'ratio':>10}{'target':>10}")
     print(f"{'permit cycles/s offered':<34}{offered:>12,.0f}")
     share = rate / offered if phase_s else float("nan")
@@ -553,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         c_cycles = ceiling["cycles_per_s"]
         print(f"ceiling server CPU per permit cycle: {ceiling['server_cpu'] / c_cycles * 1e3 if c_cycles else float('nan'):.3f} ms "
               f"(coordinator: {cpu_per_cycle * 1e3:.3f} ms)")
+        print(f"ceiling's {ceiling['steal']}")
     if not phase_s:
         print(f"note: closed loop, so latency ~ jobs / throughput = {args.jobs / max(rate, 1e-9) * 1e3:.0f} ms "
               "(Little's law): it measures client-made queueing, not the service")
