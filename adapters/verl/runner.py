@@ -12,7 +12,6 @@ every permit, Rollout included, on its training node (``ROLLMUX_DEPLOYMENT``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -25,6 +24,7 @@ from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.phases import PhaseRecord
 from rollmux.adapters.common.registration import job_token, opted_in
+from rollmux.adapters.common.relocation import record  # also `runner.record` for the plugin and targets
 from rollmux.adapters.verl import relocation
 from rollmux.sidecar import env
 from rollmux.sidecar.api import phase_pool
@@ -245,15 +245,3 @@ def _start() -> Runner:
     record("attached", job=job, rollout_rank=rank is not None, resume_at=r.resumed)
     return r
 
-
-def record(event: str, **fields: Any) -> None:
-    """Append an adapter record (no ``owner`` key: phase readers skip it) to ``ROLLMUX_EVENT_LOG``."""
-    path = os.environ.get(env.EVENT_LOG)
-    if not path:
-        return
-    rec = {"kind": "adapter", "event": event, "pid": os.getpid(), "t": round(time.time(), 6), **fields}
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(rec) + "\n").encode())
-    finally:
-        os.close(fd)
