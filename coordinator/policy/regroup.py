@@ -216,12 +216,16 @@ def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     a = group.members[name].spec
     config = policy.config
     best: tuple[float, list[Move]] | None = None
+    priced = 0  # candidates priced exactly (`PolicyConfig.merge_candidates`)
     for other, b_name, b_member in _lone_jobs(state, but=gid):
         b = b_member.spec
         if Deployment.DISAGGREGATED not in _allowed(a, config) or Deployment.DISAGGREGATED not in _allowed(b, config):
             continue
         if not _pair_may_pay(a, b, group.usd_per_h + other.usd_per_h, state):
             continue
+        priced += 1
+        if config.merge_candidates is not None and priced > config.merge_candidates:
+            break
         prof = {name: group.members[name].profile, b_name: b_member.profile}
         cost = _pair_cost(a, b, state, prof)
         if cost is None:
@@ -357,6 +361,7 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
         return None
     p_a = a_member.t_roll_s + a_member.t_train_in_group_s
     best: tuple[float, list[Move]] | None = None
+    priced = 0  # candidates priced exactly (`PolicyConfig.merge_candidates`)
     for other, b_name, b_member in _lone_jobs(state, but=gid):
         b = b_member.spec
         n_b = remaining(b_name) / b.t_solo_s
@@ -366,6 +371,9 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
         if not _pool_may_pay(a_member.profile, a, b_member.profile, b, group.usd_per_h * p_a + other.usd_per_h * p_b,
                              state):
             continue
+        priced += 1
+        if config.merge_candidates is not None and priced > config.merge_candidates:
+            break
         prof = {name: a_member.profile, b_name: b_member.profile}
         cost = _pair_cost(a, b, state, prof, pooled=True)
         if cost is None:

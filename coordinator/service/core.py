@@ -40,15 +40,23 @@ from rollmux.model import ClusterSpec, Phase, Pool
 log = logging.getLogger("rollmux.coordinator")
 T = TypeVar("T")
 
-GAUGE_SLICE = 256
-"""Items the once-a-second gauge pass handles between two yields to the event loop. In one pass, at
-2,000 jobs (4,000 nodes, 2,000 groups) it took about 11 ms (py-spy), a stall of every call in flight."""
+GAUGE_SLICE = 64
+"""Items the gauge pass handles between two yields to the event loop. In one pass, at 2,000 jobs
+(4,000 nodes, 2,000 groups) it took about 11 ms (py-spy), a stall of every call in flight; in slices
+of 256 (~1.3 ms each) a permit call still came out 5-10 ms late once a second: a call crosses the
+loop several times (request, commit, Redis reply, answer) and may wait behind a slice at each."""
+GAUGE_INTERVAL_S = 5.0
+"""How often the gauges are refreshed (and bubble seconds accumulated): Prometheus scrapes every
+15-60 s, so a pass a second bought nothing and cost a burst of late calls each time."""
 
 
 REPLAN_INTERVAL_S = 0.25
 """Shortest wait between two searches of the paced planner (`Coordinator._replanner`)."""
-REPLAN_SHARE = 0.01
-"""Most of the event loop's time the paced planner's searches may take."""
+REPLAN_SHARE = 0.002
+"""Most of the event loop's time the paced planner's searches may take. A search at 2,000 groups
+takes ~30 ms (a stall of every call in flight), so after one the planner waits ~15 s: a burst of
+learning events (thousands of jobs started together) is worked off slowly, oldest first, while
+an event in a running cluster (one per job, a few iterations after it starts) is planned at once."""
 
 
 async def _sliced(items: list[T], every: int = GAUGE_SLICE) -> AsyncIterator[T]:
@@ -245,7 +253,7 @@ class Coordinator:
         it starts), but jobs that start together learn together: at 2,000 jobs planned at once the
         searches took the loop for seconds and grants timed out. So the planner spends at most
         REPLAN_SHARE of the loop's time: after a search of d seconds it waits d / REPLAN_SHARE
-        (at least REPLAN_INTERVAL_S) before the next.
+        (at least REPLAN_INTERVAL_S) before the next. Departures still plan at once (`Relocations._departed`).
         """
         wait_s = REPLAN_INTERVAL_S
         while True:
@@ -259,10 +267,10 @@ class Coordinator:
             wait_s = max(REPLAN_INTERVAL_S, (time.perf_counter() - t0) / REPLAN_SHARE)
 
     async def _gauges(self) -> None:
-        """Refresh gauges and accumulate bubble seconds about once a second."""
+        """Refresh gauges and accumulate bubble seconds every GAUGE_INTERVAL_S."""
         last = self.clock()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(GAUGE_INTERVAL_S)
             now = self.clock()
             await self._refresh_gauges(now - last)
             last = now
@@ -271,7 +279,7 @@ class Coordinator:
         """One pass over the nodes, the jobs and the groups: this runs on the event loop between grants,
         so at thousands of jobs it must not walk the round-robin rings (`Runtime.queues`), and it yields
         every GAUGE_SLICE items (`_sliced`). Gauges are a sample, so state that moves while the pass
-        yields is fine: the next pass, a second later, sees it."""
+        yields is fine: the next pass sees it."""
         rt = self.rt
         waiting = rt.queued_per_node()
         qlen = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}

@@ -77,7 +77,7 @@ class GrantQueues(RuntimeState):
 
     def queued_per_node(self) -> dict[str, int]:
         """node -> how many queued phases wait for it: the lengths of `queues`, counted from the queued
-        permits alone (O(jobs), no ring walks; the metrics read it every second)."""
+        permits alone (O(jobs), no ring walks; the gauge pass reads it every GAUGE_INTERVAL_S)."""
         out: dict[str, int] = {}
         node_group = self.placement.node_group
         for name, permit in self.permits.items():

@@ -7,6 +7,8 @@ coordinator of conftest), on the runtime with a fake clock where a scenario need
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rollmux.coordinator.profiler import resolve
@@ -219,3 +221,36 @@ def test_a_member_its_learned_times_put_over_its_slo_is_rescued_whatever_it_cost
     assert done.state is RelocationState.SWITCHED  # taken though a group of its own costs more
     assert {rt.jobs[n].group_id for n in "AC"} == {"g0", "g1"}
     rt.check_invariants()
+
+
+# ------------------------------------------------------------------------------------------------
+# bounded searches (the event loop serves every call in flight)
+# ------------------------------------------------------------------------------------------------
+
+def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Six lone jobs that could pool pairwise: unbounded, a merge search for F prices all five others;
+    # the live coordinator's (merge_candidates) stops after its bound, and the move it finds still pays.
+    from rollmux.coordinator.policy import regroup
+    from rollmux.coordinator.service.runtime import state as state_mod
+
+    monkeypatch.setattr(state_mod, "LIVE_MERGE_CANDIDATES", 2)
+    rt = two_lone_jobs(n_train=6)
+    for i in range(2, 6):
+        rt.register_node(node_id=f"r{i}", pool=Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=TB, nvml={})
+        rt.node_connected(f"r{i}")
+    for name in "CDEF":
+        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=100, t_train_s=300, slo=1.3,
+                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    assert len({rt.jobs[n].group_id for n in "ABCDEF"}) == 6
+    priced: list[str] = []
+    real = regroup._pair_cost
+    monkeypatch.setattr(regroup, "_pair_cost", lambda a, b, *args, **kw: priced.append(b.name) or real(a, b, *args, **kw))
+    assert rt.policy.config.merge_candidates == 2
+    gid = rt.jobs["F"].group_id
+    moves = regroup._pool_merge(rt.placement, rt.policy, "F", gid, rt._remaining_s)
+    assert priced == ["A", "B"] and moves  # stopped after two, and the best of them pays
+    priced.clear()
+    unbounded = type(rt.policy)(replace(rt.policy.config, merge_candidates=None))
+    regroup._pool_merge(rt.placement, unbounded, "F", gid, rt._remaining_s)
+    assert priced == ["A", "B", "C", "D", "E"]
