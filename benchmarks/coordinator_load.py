@@ -21,6 +21,12 @@ Design (printed with the figures):
 - --mode advance (default): one AdvancePermit call releases phase i and returns the grant of
   phase i+1 (one round trip, one commit). --mode acquire-release: ReleasePermit then
   AcquirePermit, two calls per phase (the API a shim without AdvancePermit uses).
+- The window opens once every job has run the iterations after which the coordinator has learned
+  its phase times (3 x learn_min_samples phases): those learning events come once per job, and as
+  all jobs start together here they come in one burst that a running cluster spreads over job
+  arrivals. --measure-learning opens the window right after the first phase to measure that burst.
+- The service runs pinned to the first half of the CPUs and the load generator to the rest
+  (--no-pin: anywhere), and the driver samples the VM's steal time beside the asks.
 - A permit cycle = one phase granted and released. Offered load = jobs / phase time; achieved =
   grants answered inside the measured window / window. Grant latency = client-observed time from
   asking for the (grantable) next phase to holding its durable grant: the AdvancePermit round trip,
@@ -160,6 +166,20 @@ def _bisect_left(xs: list[float], x: float) -> int:
     import bisect
 
     return bisect.bisect_left(xs, x)
+
+
+def learning_s(phase_s: float, args: argparse.Namespace) -> float:
+    """Seconds until every job has run the iterations after which the coordinator has learned its
+    phase times (`PolicyConfig.learn_min_samples`, 3 phases each), or 0 with --measure-learning.
+
+    The iteration that makes a job's times learned is a learning event (its profile changes, its
+    group is queued for the paced planner): once per job. Here every job starts within one phase,
+    so all 2,000 learn within one more: a burst no running cluster sees, measured with
+    --measure-learning and left out of the default (steady-state) window.
+    """
+    from rollmux.coordinator.policy.api import PolicyConfig
+
+    return 0.0 if args.measure_learning or not phase_s else 3 * PolicyConfig().learn_min_samples * phase_s
 
 
 def cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
@@ -404,7 +424,7 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     redis_commits(redis_url)
     phase_s = args.phase_ms / 1000.0
     start_at = time.monotonic() + 2.0 + 0.002 * args.jobs  # client processes start, import and connect first
-    t_measure = start_at + phase_s + args.warmup
+    t_measure = start_at + phase_s + learning_s(phase_s, args) + args.warmup
     t_end = t_measure + args.seconds
     kw = {"mode": args.mode, "phase_s": phase_s, "start_at": start_at, "t_measure": t_measure, "t_end": t_end,
           "keep_asks": True}
@@ -486,7 +506,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="how long each job holds each permit (0 = closed loop, zero think time: saturation)")
     ap.add_argument("--mode", choices=["advance", "acquire-release"], default="advance")
     ap.add_argument("--seconds", type=float, default=10.0, help="measured window")
-    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--warmup", type=float, default=2.0,
+                    help="seconds between the jobs' start (plus their learning iterations, see "
+                         "--measure-learning) and the window")
+    ap.add_argument("--measure-learning", action="store_true",
+                    help="open the window right after the jobs' first phase, so that it holds their "
+                         "learning events (all jobs start together here, so they learn together: a "
+                         "burst a running cluster spreads over job arrivals); default: the window opens "
+                         "once every job has run the iterations after which the coordinator has learned "
+                         "its phase times (steady state)")
     ap.add_argument("--clients", type=int, default=1, help="client processes (jobs are split among them)")
     ap.add_argument("--redis", help="use this Redis instead of starting one")
     ap.add_argument("--embedded", action="store_true", help="embedded store instead of Redis (for comparison)")
@@ -630,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     loop = "closed loop, zero think time" if not phase_s else f"each permit held {args.phase_ms:g} ms"
     print(f"coordinator load: {args.jobs} jobs ({loop}), mode={args.mode}, {args.clients} client process(es), "
           f"store={store}, {os.cpu_count()} CPUs ({_pinning(args)}), load average {load0:.2f} -> {load1:.2f}, "
-          f"window {args.seconds:g} s after {args.warmup:g} s warm-up, setup {setup_s:.1f} s")
+          f"window {args.seconds:g} s after {learning_s(phase_s, args):g} s of learning iterations and "
+          f"{args.warmup:g} s warm-up, setup {setup_s:.1f} s")
     streams_cpu = (cpu1[streams_pid] - cpu0[streams_pid]) / args.seconds
     print(f"CPU over the window (cores): server {server_cpu:.2f}, clients {client_cpu:.2f}, redis {redis_cpu:.2f}, "
           f"node streams {streams_cpu:.2f}")
