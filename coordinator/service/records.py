@@ -207,6 +207,7 @@ class RelocationRecord:
     rollout_nodes: tuple[str, ...] = ()  # once SWITCHED: the job's nodes in its new group
     train_nodes: tuple[str, ...] = ()
     switched_epoch: int = 0  # once SWITCHED: fencing epoch of the new membership
+    reattached_by: str = ""  # once SWITCHED: node whose sidecar re-attached the self-registered job ("" = not yet)
     history: list = field(default_factory=list)
 
     def describe(self) -> str:
@@ -221,7 +222,8 @@ class RelocationRecord:
         return dumps({"job": self.job, "from_group": self.from_group, "to_group": self.to_group, "epoch": self.epoch,
                       "deadline_unix_s": self.deadline_unix_s, "reason": self.reason, "state": self.state.value,
                       "rollout_nodes": list(self.rollout_nodes), "train_nodes": list(self.train_nodes),
-                      "switched_epoch": self.switched_epoch, "history": self.history})
+                      "switched_epoch": self.switched_epoch, "reattached_by": self.reattached_by,
+                      "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> RelocationRecord:

@@ -31,6 +31,7 @@ from rollmux.coordinator.service.auth import Authenticator, bearer, new_token, s
 from rollmux.coordinator.service.core import Coordinator
 from rollmux.coordinator.service.records import PermitRecord
 from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.runtime.admission import Registered
 from rollmux.errors import SpecError
 from rollmux.model import JobSpec, Node, Phase
 from rollmux.proto import convert
@@ -38,6 +39,8 @@ from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 
 log = logging.getLogger("rollmux.coordinator")
+_REGISTERED_HOW = {Registered.NEW: "", Registered.RETRIED: " again (token rotated)",
+                   Registered.REATTACHED: " again on its new nodes after a relocation (re-attached, new token)"}
 
 NODE_METADATA_KEY = "x-rollmux-node"
 """gRPC metadata naming the node of a NodeStream."""
@@ -291,9 +294,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise InvalidArgumentError(str(exc)) from None
         token = new_token()
         nonce = request.nonce or new_token()
-        job, rotated = await self.core.mutate(lambda rt: rt.register_job(
+        job, how = await self.core.mutate(lambda rt: rt.register_job(
             spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce), relayed_by=relayed_by))
-        log.info("job registered%s", " again (token rotated)" if rotated else "",
+        log.info("job registered%s", _REGISTERED_HOW[how],
                  extra={"job": spec.name, "group": job.group_id, "state": job.state.value,
                         "relayed_by": relayed_by})
         return pb.RegisterJobResponse(job_token=token, status=job_status(self.core.rt, spec.name))

@@ -8,12 +8,14 @@ of nodes could ever hold is refused at registration, naming the limit.
 from __future__ import annotations
 
 from dataclasses import replace
+from enum import Enum
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.api import (
     AlreadyExistsError,
+    FailedPreconditionError,
     InvalidArgumentError,
     JobState,
     NodeState,
@@ -25,28 +27,49 @@ from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import JOB_TRANSITIONS, PERMIT_TRANSITIONS, transition
 from rollmux.model import Deployment, JobSpec, Phase, Pool
 
+_SHAPE = ("n_rollout_gpus", "n_train_gpus", "rollout_state_bytes", "train_state_bytes", "deployment")
+"""Spec fields a re-attaching job must send as registered: its placement was made for them."""
+
+
+class Registered(str, Enum):
+    """How `register_job` took a registration."""
+
+    NEW = "new"  # a job not registered before
+    RETRIED = "retried"  # the same nonce again (a retry whose answer was lost): the token is replaced
+    REATTACHED = "reattached"  # a self-registered job restarted on its new nodes after a switch: new token
+
 
 class Admission(GrantQueues):
     """Registering jobs, admitting them in arrival order, removing them."""
 
     def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
-                     relayed_by: str = "") -> tuple[JobRecord, bool]:
-        """Register a resolved job spec; returns (record, rotated) where rotated means a retried
-        registration with the same nonce (its token is replaced by the new one). `relayed_by` names
-        the node whose sidecar relayed the registration.
+                     relayed_by: str = "") -> tuple[JobRecord, Registered]:
+        """Register a resolved job spec; returns the record and how it was registered: NEW, RETRIED
+        (the same nonce again: its token is replaced by the new one) or REATTACHED (a self-registered
+        job restarted on its new nodes after a relocation, `Relocations._reattach`). `relayed_by`
+        names the node whose sidecar relayed the registration.
 
         Raises:
-            AlreadyExistsError: the name is taken by a registration with another nonce.
+            AlreadyExistsError: the name is taken by a registration with another nonce (and this is
+                no re-attachment).
+            FailedPreconditionError: a re-attachment whose spec does not match the registered one.
             InvalidArgumentError: no set of nodes could ever hold the job.
         """
         existing = self.jobs.get(spec.name)
         if existing is not None:
-            if existing.nonce_sha256 != nonce_sha256:
-                raise AlreadyExistsError(f"job {spec.name!r} is already registered: deregister it first, "
-                                         "or retry with the nonce of the first registration")
-            existing.token_sha256 = token_sha256
-            self._touch(f"job/{spec.name}", existing)
-            return existing, True
+            if existing.nonce_sha256 == nonce_sha256:
+                existing.token_sha256 = token_sha256
+                self._touch(f"job/{spec.name}", existing)
+                return existing, Registered.RETRIED
+            taken = (f"job {spec.name!r} is already registered: deregister it first, "
+                     "or retry with the nonce of the first registration")
+            if not relayed_by:
+                raise AlreadyExistsError(taken)
+            refusal = self._reattach_refusal(existing, relayed_by)
+            if refusal is not None:
+                raise AlreadyExistsError(f"{taken} (node {relayed_by!r} may not re-attach it: {refusal})")
+            self._reattach(existing, spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256, node_id=relayed_by)
+            return existing, Registered.REATTACHED
         self._check_can_ever_fit(spec)
         self.meta.seq += 1
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
@@ -57,7 +80,30 @@ class Admission(GrantQueues):
         self._touch("meta", self.meta)
         self._touch(f"job/{spec.name}", job)
         self.try_admit()
-        return job, False
+        return job, Registered.NEW
+
+    # hooks runtime.relocation fills in: which jobs may re-attach, and marking their directive
+    def _reattach_refusal(self, job: JobRecord, node_id: str) -> str | None:
+        """Why `node_id`'s sidecar may not re-attach `job` after a relocation (None: it may)."""
+        return "this coordinator relocates no job"
+
+    def _reattach(self, job: JobRecord, spec: JobSpec, *, token_sha256: str, nonce_sha256: str, node_id: str) -> None:
+        """Give `job` a new token and nonce, recording the relaying node; the job keeps its name, group,
+        next phase and iteration. Validates first.
+
+        Raises:
+            FailedPreconditionError: `spec` differs from the registered spec in its shape.
+        """
+        old = job.spec
+        differ = [f"{f} {getattr(spec, f)!r} (registered: {getattr(old, f)!r})" for f in _SHAPE
+                  if getattr(spec, f) != getattr(old, f)]
+        if differ:
+            raise FailedPreconditionError(f"job {job.name!r} cannot re-attach with another shape: {', '.join(differ)}; "
+                                          "restart it with the spec it registered with")
+        job.token_sha256, job.nonce_sha256, job.relayed_by = token_sha256, nonce_sha256, node_id
+        job.history.append((job.state.value, job.state.value, round(self.wall(), 3),
+                            f"re-attached through node {node_id}'s sidecar (new token)"))
+        self._touch(f"job/{job.name}", job)
 
     def _check_can_ever_fit(self, spec: JobSpec) -> None:
         cluster, limit = self.cluster, self.config.max_nodes_per_job

@@ -32,6 +32,10 @@ stays. At most one move is pending in the cluster at a time (each plan is made a
 the previous switch left), and each job moves at most `policy.regroup.move_cap` times
 (`PolicyConfig.max_moves_per_job`, one more for a pool merge's survivor), as in the simulator.
 The fixed fleet buys no node: a move whose halves do not fit the free nodes in order is not directed.
+
+Re-attaching: a job registered through its node's sidecar holds its token only in its own driver; after
+a switch its restarted driver registers again through a sidecar of one of its new nodes, and gets the
+same job with a fresh token (`_reattach_refusal` says when; once per switched directive).
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ from rollmux.coordinator.service.records import JobRecord, PermitRecord, Relocat
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import PERMIT_TRANSITIONS, RELOCATION_TRANSITIONS, transition
-from rollmux.model import Phase, Pool, RelocationState
+from rollmux.model import JobSpec, Phase, Pool, RelocationState
 
 
 class Relocations(LongTailMigration):
@@ -351,6 +355,31 @@ class Relocations(LongTailMigration):
         job = self.jobs.get(rec.job)
         nodes = tuple(dict.fromkeys([*(self._job_nodes(job) if job else ()), *rec.rollout_nodes, *rec.train_nodes]))
         self._notify(Notice(kind=NoticeKind.RELOCATE, job=rec.job, nodes=nodes, epoch=rec.epoch, reason=reason))
+
+    # -------------------------------------------------------------------------------- re-attaching
+    def _reattach_refusal(self, job: JobRecord, node_id: str) -> str | None:
+        """A self-registered job (relayed) may re-attach once after its latest directive SWITCHED, through
+        a sidecar of one of its new nodes: its restarted driver cannot prove it is the same job otherwise
+        (the token lived in the old driver's Ray instance)."""
+        rec = self.relocations.get(job.name)
+        if not job.relayed_by:
+            return "it was registered with the operator token, which its restart keeps using"
+        if rec is None or rec.state is not RelocationState.SWITCHED:
+            latest = "none" if rec is None else f"epoch {rec.epoch} {rec.state.value}"
+            return f"its latest relocation directive is not switched ({latest})"
+        if rec.reattached_by:
+            return f"it already re-attached after directive epoch {rec.epoch}, through node {rec.reattached_by!r}"
+        nodes = self._job_nodes(job)
+        if node_id not in nodes:
+            return f"the node is not one of its nodes in {job.group_id} ({', '.join(nodes)})"
+        return None
+
+    def _reattach(self, job: JobRecord, spec: JobSpec, *, token_sha256: str, nonce_sha256: str, node_id: str) -> None:
+        """The job side (`Admission._reattach`), then mark the directive re-attached (one-shot)."""
+        super()._reattach(job, spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256, node_id=node_id)
+        rec = self.relocations[job.name]
+        rec.reattached_by = node_id
+        self._touch(f"relocation/{job.name}", rec)
 
     # ------------------------------------------------------------------------------------ deadlines
     def expire(self) -> list[str]:
