@@ -52,11 +52,14 @@ GAUGE_INTERVAL_S = 5.0
 
 REPLAN_INTERVAL_S = 0.25
 """Shortest wait between two searches of the paced planner (`Coordinator._replanner`)."""
-REPLAN_SHARE = 0.002
+REPLAN_SHARE = 0.0005
 """Most of the event loop's time the paced planner's searches may take. A search at 2,000 groups
-takes ~30 ms (a stall of every call in flight), so after one the planner waits ~15 s: a burst of
-learning events (thousands of jobs started together) is worked off slowly, oldest first, while
-an event in a running cluster (one per job, a few iterations after it starts) is planned at once."""
+takes ~30 ms, a stall of every call in flight (40-60 calls late by 10-55 ms in
+`benchmarks/coordinator_load.py`); after one the planner waits ~60 s. A burst of learning events
+(thousands of jobs started together) is therefore worked off slowly, oldest first, while an event
+in a running cluster (one per job, a few iterations after it starts) is planned within a minute.
+With 0.002 (a search every ~15 s) the searches alone made half the asks over 10 ms of a run (p99
+11.88 ms)."""
 
 
 async def _sliced(items: list[T], every: int = GAUGE_SLICE) -> AsyncIterator[T]:
