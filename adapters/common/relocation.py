@@ -7,8 +7,9 @@ framework's own checkpoint at the end of Sync(i) while the nodes are still the j
 before Rollout(i+1) (:func:`acknowledge`), and once switched writes :data:`MARKER` (:func:`write_marker`)
 and leaves with :class:`JobRelocated`; the driver exits :data:`EXIT_RELOCATED`
 (:func:`exit_on_relocation`). The platform restarts the same command on the new nodes with the same
-``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``; the adapter finds the marker (:func:`marker_for`) and resumes
-at Rollout(i+1).
+``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN`` (veRL: a self-registered job instead registers again through the
+new node's sidecar under the name in the marker); the adapter finds the marker (:func:`marker_for`) and
+resumes at Rollout(i+1).
 
 The framework adapters supply where the checkpoint is taken, where the marker lives, and how the
 restart resumes: ``rollmux.adapters.verl.relocation`` and ``rollmux.adapters.roll.relocation``.
@@ -36,7 +37,7 @@ BOUNDARY_WAIT_S = 5.0
 
 SELF_REGISTERED = ("the job registered itself through the sidecar, so its token lives only in this Ray instance and "
                    "a restart could not attach as the same job: set ROLLMUX_JOB and ROLLMUX_JOB_TOKEN to relocate it")
-"""Why a self-registered job declines every directive (docs/verl.md, "Relocation", Left)."""
+"""Why a self-registered ROLL job declines every directive (docs/roll.md, "Relocation"; veRL re-attaches it)."""
 
 
 class JobRelocated(RollMuxError):

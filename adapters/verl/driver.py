@@ -21,6 +21,7 @@ from rollmux.adapters.common import AdapterError, registration
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.adapters.verl import memory, relocation, sync_backend
 from rollmux.adapters.verl import spec as verl_spec
+from rollmux.errors import RollMuxError
 from rollmux.sidecar import env
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,21 @@ def register_from_config(config: Any) -> JobIdentity:
         raise AdapterError(f"RollMux veRL adapter: {reason}, or unset {env.SIDECAR_SOCKET} to run "
                            "this job without RollMux")
     registration.check_sidecar(registration.socket_path())
-    name = registration.job_name(verl_spec.get(config, "trainer.project_name"),
-                                 verl_spec.get(config, "trainer.experiment_name"))
+    restarted = relocation.restart_name(config)  # a relocated self-registered job: re-attach under its name
+    name = restarted or registration.job_name(verl_spec.get(config, "trainer.project_name"),
+                                              verl_spec.get(config, "trainer.experiment_name"))
     job = verl_spec.job_spec(config, name=name, slo=registration.slo(), phase_s=registration.phase_times())
-    _identity = registration.register(job)
+    try:
+        _identity = registration.register(job)
+    except RollMuxError as exc:
+        if restarted is None:
+            raise
+        raise AdapterError(f"RollMux: job {name!r} was relocated (marker {relocation.marker_path(config)}) and "
+                           f"could not re-attach through this node's sidecar: {exc}; start it on one of the nodes "
+                           "the marker names, with the same config, or delete the marker to register a new job") \
+            from None
+    if restarted is not None:
+        log.warning("RollMux: job %s re-attached after its relocation (fresh token)", name)
     plan = memory.sleep_plan(config)
     log.warning("RollMux: job %s registered (%s, %s trainer; %d train GPUs, %d rollout GPUs, %.4fB params; "
                 "rollout engine %s sleeps at level %s between phases)", _identity.job, _identity.deployment,

@@ -14,17 +14,20 @@ on; veRL cannot move them, so the job moves the way veRL resumes (docs/verl.md, 
 3. Switched, the trainer loop writes :data:`MARKER` beside the checkpoint (job, directive, the
    iteration to resume at, the new nodes), detaches without deregistering and stops ``fit`` with
    :class:`JobRelocated`; the driver exits with :data:`EXIT_RELOCATED`.
-4. The platform starts the job again on its new nodes with the same ``ROLLMUX_JOB`` /
-   ``ROLLMUX_JOB_TOKEN`` and ``trainer.resume_mode=auto``: veRL resumes from that checkpoint, the
-   driver finds the marker, and the trainer loop asks for Rollout(i+1) on the new node's sidecar.
+4. The platform starts the job again on its new nodes with ``trainer.resume_mode=auto``: veRL resumes
+   from that checkpoint, the driver finds the marker, and the trainer loop asks for Rollout(i+1) on
+   the new node's sidecar. An operator-registered job keeps its ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``;
+   a self-registered one (the marker says ``relayed``) registers again through the new node's sidecar
+   with the job name recorded in the marker and the same spec (:func:`restart_name`): the coordinator
+   answers the same job with a fresh token (docs/coordinator.md, "Re-attaching a self-registered job"),
+   which goes where any self-registered job's token goes (the job's Ray instance's memory).
 
 The framework-independent part (marker, acknowledgement, exit status 75) is shared with the ROLL
 adapter: :mod:`rollmux.adapters.common.relocation`.
 
 A directive the job cannot honour this way is declined (recorded once): the job does not acknowledge,
-the directive expires and the job keeps its place. Declined: a job that registered itself through
-the sidecar (its token lives only in its own Ray instance, so a restart could not attach as the same
-job), ``trainer.resume_mode`` other than ``auto``, ``colocate_async`` (not tested), and the last step.
+the directive expires and the job keeps its place. Declined: ``trainer.resume_mode`` other than
+``auto``, ``colocate_async`` (not tested), and the last step.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from rollmux.adapters.common.relocation import (
     BOUNDARY_WAIT_S,
     EXIT_RELOCATED,
     MARKER,
-    SELF_REGISTERED,
     JobRelocated,
     acknowledge,
     exit_on_relocation,
@@ -47,8 +49,9 @@ from rollmux.adapters.common.relocation import (
     write_marker,
 )
 
-__all__ = ["BOUNDARY_WAIT_S", "EXIT_RELOCATED", "MARKER", "MARKER_ENV", "RESUME_ENV", "RUN_ENV", "JobRelocated",
-           "at_rollout_begin", "at_sync_end", "driver_env", "marker_path", "read_marker", "why_not"]
+__all__ = ["BOUNDARY_WAIT_S", "EXIT_RELOCATED", "MARKER", "MARKER_ENV", "RELAYED_ENV", "RESUME_ENV", "RUN_ENV",
+           "JobRelocated", "at_rollout_begin", "at_sync_end", "driver_env", "marker_path", "read_marker",
+           "restart_name", "why_not"]
 
 MARKER_ENV = "ROLLMUX_VERL_RELOCATION_MARKER"
 """Set by the driver for the job's actors: the marker's absolute path (unset: relocation declined)."""
@@ -58,6 +61,10 @@ RUN_ENV = "ROLLMUX_VERL_RUN"
 
 RESUME_ENV = "ROLLMUX_VERL_RESUME_ITERATION"
 """Set by the driver of a restarted job: the iteration it resumes at (its next Rollout)."""
+
+RELAYED_ENV = "ROLLMUX_VERL_RELAYED"
+"""Set by the driver ("1") when the job registered itself through the sidecar: written into the marker,
+so that the restart registers again under the recorded name (:func:`restart_name`)."""
 
 
 def marker_path(config: Any) -> str:
@@ -73,7 +80,7 @@ def why_not(trainer: Any, tracker: Any) -> str | None:
     from rollmux.adapters.verl import spec
 
     if not os.environ.get(MARKER_ENV):
-        return SELF_REGISTERED
+        return f"{MARKER_ENV} is unset: the job's driver did not start through RollMux's veRL hook"
     cfg = getattr(trainer, "config", None)
     if cfg is None or not hasattr(trainer, "_save_checkpoint"):
         return "no veRL trainer seen yet"
@@ -138,7 +145,8 @@ def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
     """The marker: the switched directive and where to resume (veRL's checkpoint ``global_step_<resume_at>``:
     veRL counts steps from 1, RollMux iterations from 0)."""
     write_marker(os.environ[MARKER_ENV], marker_record(r.job, d, iteration=resume_at, step=resume_at,
-                                                       run=os.environ.get(RUN_ENV, "")))
+                                                       run=os.environ.get(RUN_ENV, ""),
+                                                       relayed=os.environ.get(RELAYED_ENV) == "1"))
 
 
 def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
@@ -155,13 +163,29 @@ def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
     marker = read_marker(os.environ[MARKER_ENV]) or {}
     record("relocation_exit", job=r.job, epoch=epoch, iteration=iteration, train_nodes=marker.get("train_nodes"),
            rollout_nodes=marker.get("rollout_nodes"))
+    how = ("it registers again through that node's sidecar under the name in the marker" if marker.get("relayed")
+           else "with the same ROLLMUX_JOB and ROLLMUX_JOB_TOKEN")
     return JobRelocated(f"RollMux relocated job {r.job!r} to {marker.get('to_group')} (nodes "
                        f"{marker.get('rollout_nodes')} / {marker.get('train_nodes')}): veRL's checkpoint of step "
-                       f"{marker.get('step')} is saved; restart the job there with the same ROLLMUX_JOB and "
-                       f"ROLLMUX_JOB_TOKEN and trainer.resume_mode=auto (exit {EXIT_RELOCATED})")
+                       f"{marker.get('step')} is saved; restart the job there ({how}) with "
+                       f"trainer.resume_mode=auto (exit {EXIT_RELOCATED})")
 
 
 # ------------------------------------------------------------------------------------------ driver side
+
+def restart_name(config: Any) -> str | None:
+    """The job name to register under when this run restarts a relocated self-registered job: the one
+    recorded in the marker (None: no such marker, an operator token is set, or ``ROLLMUX_JOB`` names
+    another job). The driver registers it through its node's sidecar with the same spec; the
+    coordinator answers the same job with a fresh token."""
+    from rollmux.sidecar import env
+
+    marker = read_marker(marker_path(config))
+    if marker is None or not marker.get("relayed") or not marker.get("job") or os.environ.get(env.JOB_TOKEN):
+        return None
+    given = os.environ.get(env.JOB, "")
+    return None if given and given != marker["job"] else str(marker["job"])
+
 
 def driver_env(config: Any, job: str, relayed: bool) -> dict[str, str]:
     """The relocation variables for the job's actors, and the driver's exit status hook.
@@ -174,10 +198,10 @@ def driver_env(config: Any, job: str, relayed: bool) -> dict[str, str]:
     from rollmux.adapters.common import AdapterError
     from rollmux.adapters.verl import spec
 
-    if relayed:
-        return {}
     path, run = marker_path(config), uuid.uuid4().hex
     out = {MARKER_ENV: path, RUN_ENV: run}
+    if relayed:
+        out[RELAYED_ENV] = "1"
     marker = marker_for(path, job)
     if marker is not None:
         resume = str(spec.get(config, "trainer.resume_mode", "auto"))

@@ -3,9 +3,11 @@ four real sidecars: two per pool), through veRL's own checkpoint and resume (doc
 
 As in the tiny job's live test: A and B (driven from here, disaggregated) cannot share a training node
 (their training state fills its host DRAM), so B opens g1; C, the veRL job (hybrid engine: co-located on
-the training pool), packs with A in g0. A leaves once C's trainer loop attached, and the coordinator directs C to
-g1. C checkpoints at the end of a Sync, is switched, exits 75; started again on train-1's sidecar with
-the same job name and token, veRL resumes from that checkpoint and the job runs its remaining steps.
+the training pool), registers itself through train-0's sidecar (the default opt-in, no token) and packs
+with A in g0. A leaves once C's trainer loop attached, and the coordinator directs C to g1. C checkpoints
+at the end of a Sync, is switched, exits 75; started again on train-1's sidecar without ``ROLLMUX_JOB``,
+its driver re-registers under the name in the marker and gets a fresh token (the coordinator's
+re-attachment), veRL resumes from that checkpoint and the job runs its remaining steps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
 
 from rollmux.adapters.verl.relocation import EXIT_RELOCATED, MARKER, read_marker  # noqa: E402
 from rollmux.model import Deployment, JobSpec  # noqa: E402
+from rollmux.proto import rollmux_v1_pb2 as pb  # noqa: E402
 from rollmux.sidecar import env  # noqa: E402
 from rollmux.sidecar.gpu import host_dram_bytes  # noqa: E402
 
@@ -44,32 +47,38 @@ def test_a_verl_job_relocated_by_the_service_resumes_on_its_new_node_in_order(ve
                    **{n: scenario.add_sidecar(cluster, n, p) for n, p in (("rollout-1", "rollout"), ("train-1", "train"))}}
         big = int(0.6 * host_dram_bytes())
         a, b = (client.register_job(spec(n, big, Deployment.DISAGGREGATED)) for n in "AB")
-        c = client.register_job(spec("C", 1 << 20, Deployment.COLOCATED_TRAIN))  # the operator registers it
-        assert {g.group_id: list(g.jobs) for g in client.cluster_state().groups} == {"g0": ["A", "C"], "g1": ["B"]}
 
         def leave_once_c_runs(running: dict) -> None:  # once C's trainer attached: a rank hears directives from then
             if not left and any(r.get("event") == "attached" and r.get("job") == "C" for r in read_jsonl(cluster.events)):
+                left.append({g.group_id: list(g.jobs) for g in client.cluster_state().groups})
                 a.deregister()
-                left.append(True)
 
-        left: list[bool] = []
-        opt_in = {**scenario.opt_in(cluster, "C"), env.JOB_TOKEN: c.token}
+        left: list[dict] = []
+        opt_in = scenario.opt_in(cluster, "C")  # no token: C registers itself through the sidecar
         first = scenario.run([(job, {**opt_in, env.SIDECAR_SOCKET: sockets["train-0"]})], watch=leave_once_c_runs)
         assert first["C"].rc == EXIT_RELOCATED, (job.workdir / "job.log").read_text()[-3000:]
         marker = read_marker(str(job.workdir / "ckpt" / MARKER))
         assert marker is not None and (marker["job"], marker["to_group"], marker["train_nodes"]) == ("C", "g1", ["train-1"])
         moved_at = marker["iteration"]  # C's next Rollout: its checkpoint is veRL's step `moved_at`
-        assert 1 <= moved_at < STEPS and marker["step"] == moved_at
+        assert 1 <= moved_at < STEPS and marker["step"] == moved_at and marker["relayed"] is True
+        assert left == [{"g0": ["A", "C"], "g1": ["B"]}]  # C self-registered and packed with A
         state = client.cluster_state()
         assert {g.group_id: list(g.jobs) for g in state.groups} == {"g1": ["B", "C"]}  # one group fewer
         freed = {n.node_id: n for n in state.nodes if n.node_id in ("rollout-0", "train-0")}
         assert all(n.group_id == "" and not n.HasField("holder") for n in freed.values()), freed
-        info = c.status()
-        assert (info.next_phase.value, info.next_iteration) == ("rollout", moved_at)
+        info = next(j for j in state.jobs if j.job == "C")
+        assert (info.next_phase, info.next_iteration, info.relayed_by) == (pb.PHASE_ROLLOUT, moved_at, "train-0")
 
+        def relayed_by(running: dict) -> None:  # C re-attached: relayed by its new node's sidecar
+            seen.update({j.job: j.relayed_by for j in client.cluster_state().jobs if j.job == "C"})
+
+        seen: dict[str, str] = {}
         shutil.move(job.workdir / "job.log", job.workdir / "job-1.log")
-        second = scenario.run([(job, {**opt_in, env.SIDECAR_SOCKET: sockets[marker["train_nodes"][0]]})])
+        restart = {k: v for k, v in opt_in.items() if k != env.JOB}  # the name comes from the marker
+        second = scenario.run([(job, {**restart, env.SIDECAR_SOCKET: sockets[marker["train_nodes"][0]]})],
+                              watch=relayed_by)
         assert second["C"].rc == 0, (job.workdir / "job.log").read_text()[-3000:]
+        assert seen == {"C": "train-1"}
         assert [j.job for j in client.cluster_state().jobs] == ["B"]  # C finished and deregistered
         events = read_jsonl(cluster.events)
     shutil.rmtree(job.ray_tmp(), ignore_errors=True)
