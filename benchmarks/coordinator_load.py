@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import multiprocessing as mp
@@ -149,7 +150,7 @@ class StealSampler:
             return "VM steal: not measured (no /proc/stat)"
 
         def hit(t0: float, lat: float) -> bool:  # a stolen sample's 10 ms reach [t0, t0 + lat]
-            i = _bisect_left(stolen, t0)
+            i = bisect.bisect_left(stolen, t0)
             return i < len(stolen) and stolen[i] - self.PERIOD_S <= t0 + lat
 
         slow = [(t, x) for t, x in asks if x > slow_s]
@@ -160,12 +161,6 @@ class StealSampler:
                 f"stolen sample: {slow_hit} of {len(slow)}"
                 f" ({slow_hit / len(slow) * 100 if slow else 0:.0f}%; all asks: "
                 f"{all_hit / len(asks) * 100 if asks else 0:.1f}%)")
-
-
-def _bisect_left(xs: list[float], x: float) -> int:
-    import bisect
-
-    return bisect.bisect_left(xs, x)
 
 
 def learning_s(phase_s: float, args: argparse.Namespace) -> float:

@@ -44,13 +44,8 @@ def test_a_work_aware_refusal_goes_alone_where_nodes_are_free_and_joins_where_no
 
 
 def test_work_aware_off_takes_the_cheapest_join() -> None:
-    clock = FakeClock()
-    rt = Runtime(ClusterSpec(), ServiceConfig(work_aware=False), clock=clock, wall=clock)
-    for node_id, pool, dram in (("r0", Pool.ROLLOUT, int(1.5e9)), ("r1", Pool.ROLLOUT, int(1.5e9)),
-                                ("t0", Pool.TRAIN, TB), ("t1", Pool.TRAIN, TB)):
-        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
-                         host_dram_bytes=dram, nvml={})
-        rt.node_connected(node_id)
+    rt = Runtime(ClusterSpec(), ServiceConfig(work_aware=False), clock=(clock := FakeClock()), wall=clock)
+    add_nodes(rt, rollout=2, train=2, rollout_dram=int(1.5e9))
     for name in "ab":
         rt.register_job(resolve(stretching(name), ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
     assert rt.jobs["b"].group_id == rt.jobs["a"].group_id  # +$14.80/h beats $57.04/h alone
@@ -61,19 +56,29 @@ def test_work_aware_off_takes_the_cheapest_join() -> None:
 # best move: a pool merge carried out as one directive per moving job
 # ------------------------------------------------------------------------------------------------
 
+def add_nodes(rt: Runtime, *, rollout: int, train: int, first_rollout: int = 0, rollout_dram: int = TB) -> None:
+    """Connected nodes r<first_rollout>.. and t0.. (8 GPUs; host DRAM 1 TB, `rollout_dram` on rollout nodes)."""
+    for node_id, pool in (*((f"r{i}", Pool.ROLLOUT) for i in range(first_rollout, first_rollout + rollout)),
+                          *((f"t{i}", Pool.TRAIN) for i in range(train))):
+        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
+                         host_dram_bytes=rollout_dram if pool is Pool.ROLLOUT else TB, nvml={})
+        rt.node_connected(node_id)
+
+
+def add_jobs(rt: Runtime, names: str, *, t_roll_s: float, t_train_s: float, slo: float) -> None:
+    """Register one 8 + 8-GPU job per letter of `names`, with these planned times."""
+    for name in names:
+        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=t_roll_s, t_train_s=t_train_s, slo=slo,
+                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+
+
 def two_lone_jobs(n_train: int = 3, config: ServiceConfig | None = None) -> Runtime:
     """A and B (100 + 300 s, SLO 1.3) cannot share one training node, so each runs alone (g0, g1);
     pooling both training nodes in one group (one rollout node) meets both SLOs for less."""
-    clock = FakeClock()
-    rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=clock, wall=clock)
-    for node_id, pool in (("r0", Pool.ROLLOUT), ("r1", Pool.ROLLOUT), *((f"t{i}", Pool.TRAIN) for i in range(n_train))):
-        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
-                         host_dram_bytes=TB, nvml={})
-        rt.node_connected(node_id)
-    for name in "AB":
-        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=100, t_train_s=300, slo=1.3,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
-        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
+    add_nodes(rt, rollout=2, train=n_train)
+    add_jobs(rt, "AB", t_roll_s=100, t_train_s=300, slo=1.3)
     assert [rt.jobs[n].group_id for n in "AB"] == ["g0", "g1"]
     rt.take_changes()
     return rt
@@ -142,12 +147,8 @@ def test_a_merge_that_does_not_fit_the_free_nodes_is_not_directed() -> None:
 
 
 def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> None:
-    clock = FakeClock()
-    rt = Runtime(ClusterSpec(), ServiceConfig(), clock=clock, wall=clock)
-    for node_id, pool in (*((f"r{i}", Pool.ROLLOUT) for i in range(3)), *((f"t{i}", Pool.TRAIN) for i in range(4))):
-        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
-                         host_dram_bytes=TB, nvml={})
-        rt.node_connected(node_id)
+    rt = Runtime(ClusterSpec(), ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
+    add_nodes(rt, rollout=3, train=4)
     for name, n_train, t_train in (("A", 16, 300), ("B", 8, 150)):  # A trains on two nodes: it opens the pool
         s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=n_train, t_roll_s=100, t_train_s=t_train, slo=1.3,
                     rollout_state_bytes=10**9, train_state_bytes=10**9)
@@ -198,16 +199,9 @@ def test_a_learning_event_looks_for_moves_in_the_group(on: bool) -> None:
 def test_a_member_its_learned_times_put_over_its_slo_is_rescued_whatever_it_costs() -> None:
     # Planned at 40 + 10 s, A and C share g0; measured at 1 + 4 s their two Trains on one node make a
     # period of 8 s, over the 7.5 s their SLO allows: the learning event moves one to a group of its own.
-    clock = FakeClock()
-    rt = Runtime(ClusterSpec(), ServiceConfig(), clock=clock, wall=clock)
-    for node_id, pool in (("r0", Pool.ROLLOUT), ("r1", Pool.ROLLOUT), ("t0", Pool.TRAIN), ("t1", Pool.TRAIN)):
-        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
-                         host_dram_bytes=TB, nvml={})
-        rt.node_connected(node_id)
-    for name in "AC":
-        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=40, t_train_s=10, slo=1.5,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
-        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    rt = Runtime(ClusterSpec(), ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
+    add_nodes(rt, rollout=2, train=2)
+    add_jobs(rt, "AC", t_roll_s=40, t_train_s=10, slo=1.5)
     assert rt.jobs["A"].group_id == rt.jobs["C"].group_id == "g0"
     for _ in range(3):
         for name in "AC":
@@ -235,13 +229,8 @@ def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch
 
     monkeypatch.setattr(state_mod, "LIVE_MERGE_CANDIDATES", 2)
     rt = two_lone_jobs(n_train=6)
-    for i in range(2, 6):
-        rt.register_node(node_id=f"r{i}", pool=Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=TB, nvml={})
-        rt.node_connected(f"r{i}")
-    for name in "CDEF":
-        s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=100, t_train_s=300, slo=1.3,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
-        rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
+    add_nodes(rt, rollout=4, train=0, first_rollout=2)
+    add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3)
     assert len({rt.jobs[n].group_id for n in "ABCDEF"}) == 6
     priced: list[str] = []
     real = regroup._pair_cost
