@@ -138,13 +138,23 @@ class Relocations(LongTailMigration):
                 and name in slo_risks(group, self.policy.config) and group.members[name].profile.learned)
 
     def _remaining_s(self, name: str) -> float:
-        """Work assumed left for `name` when weighing a move (0: never move it again)."""
+        """Work assumed left for `name` when weighing a move (0: never move it again), in the unit of
+        `regroup.RemainingFn`: solo seconds at the job's planned (spec) speed, as the simulator counts
+        them (iterations left x planned T_solo). The live coordinator assumes `relocation_horizon_s` more
+        of run at the speed it measured: horizon / learned T_solo iterations. Passing the bare horizon
+        made a pool merge, which counts iterations as remaining / planned T_solo, weigh its saving over
+        learned / planned of the horizon (never directed once learned times are a tenth of planned)."""
         job, rec = self.jobs.get(name), self.relocations.get(name)
         if (job is None or not isinstance(self.policy, RollMuxPolicy)
                 or job.moves >= move_cap(self.placement, self.policy.config, name)
                 or (rec is not None and rec.state is RelocationState.EXPIRED)):
             return 0.0
-        return self.config.relocation_horizon_s
+        group = self.placement.groups.get(job.group_id)
+        member = group.members.get(name) if group is not None else None
+        if member is None or not member.profile.learned or member.profile.t_solo_s <= 0:
+            return self.config.relocation_horizon_s  # planned speed assumed until measured
+        # the learned T_solo is capped by the planned one (`PhaseLearner`): the horizon only grows
+        return self.config.relocation_horizon_s * member.spec.t_solo_s / member.profile.t_solo_s
 
     def plan_relocations(self, group_ids: list[str]) -> RelocationRecord | None:
         """Issue the directives of one move (a single move, or a pair or pool merge: one directive per

@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.client import CoordinatorClient, JobClient
-from rollmux.model import Phase, Pool, Relocation, RelocationState
+from rollmux.coordinator.service.runtime import Runtime
+from rollmux.model import ClusterSpec, Phase, Pool, Relocation, RelocationState
 
+from .builders import FakeClock
 from .conftest import add_node, job_spec
+from .test_live_policy import add_jobs, add_nodes, to_boundary
 from .test_relocation_live import groups, make_coordinator, wait_for  # noqa: F401 - make_coordinator: a fixture
 
 pytestmark = pytest.mark.usefixtures("redis_server")
@@ -83,13 +87,16 @@ def run_job(run: JobRun, learned: threading.Barrier) -> None:
         run.error = exc
 
 
-def test_a_pool_merge_directed_by_the_live_planner_switches_both_jobs_into_one_group(make_coordinator) -> None:  # noqa: F811
+@pytest.mark.parametrize("planned_x", [1, 10], ids=["learned-near-planned", "learned-a-tenth-of-planned"])
+def test_a_pool_merge_directed_by_the_live_planner_switches_both_jobs_into_one_group(
+        make_coordinator, planned_x: int) -> None:  # noqa: F811
     coord = make_coordinator()
     client = CoordinatorClient(coord.address, retry_s=30.0)
     for node_id, pool in (("r0", Pool.ROLLOUT), ("r1", Pool.ROLLOUT), ("t0", Pool.TRAIN), ("t1", Pool.TRAIN),
                           ("t2", Pool.TRAIN)):
         add_node(client, node_id, pool)
-    runs = {n: JobRun(client.register_job(job_spec(n, t_roll_s=0.2, t_train_s=0.6, slo=1.3))) for n in "AB"}
+    runs = {n: JobRun(client.register_job(job_spec(n, t_roll_s=0.2 * planned_x, t_train_s=0.6 * planned_x, slo=1.3)))
+            for n in "AB"}
     before = {n: r.job.status() for n, r in runs.items()}
     assert {n: s.group_id for n, s in before.items()} == {"A": "g0", "B": "g1"}
     learned = threading.Barrier(2)
@@ -115,7 +122,9 @@ def test_a_pool_merge_directed_by_the_live_planner_switches_both_jobs_into_one_g
     for name, r in runs.items():
         assert all(d is None for it, d in r.seen if it < LEARNED_AFTER - 1), (name, r.seen)
         assert all(d.state is not RelocationState.CANCELLED for _, d, _ in r.acks), (name, r.acks)
-        (switched[name],) = [(it, d) for it, d, _ in r.acks if d.state is RelocationState.SWITCHED]
+        done = [(it, d) for it, d, _ in r.acks if d.state is RelocationState.SWITCHED]
+        assert len(done) == 1, (name, "no merge switched" if not done else "switched twice", r.seen, r.acks)
+        switched[name] = done[0]
     (_, a), (_, b) = switched["A"], switched["B"]
     assert a.epoch == b.epoch and "pool their training nodes" in a.reason
     assert min(a.switched_epoch, b.switched_epoch) > a.epoch and a.switched_epoch != b.switched_epoch  # two switches
@@ -147,3 +156,22 @@ def test_a_pool_merge_directed_by_the_live_planner_switches_both_jobs_into_one_g
         for j2, n2, s2, e2 in leases[i + 1:]:
             assert not (n1 == n2 and j1 != j2 and s1 < e2 and s2 < e1), (j1, j2, n1)
     client.close()
+
+
+def test_the_planner_weighs_a_pool_merge_over_what_the_jobs_run_at_their_learned_speed() -> None:
+    # The live coordinator assumes `relocation_horizon_s` of run left. A pool merge counts that run in
+    # iterations of the planned T_solo, so the horizon it is given is in planned seconds: with the bare
+    # horizon, jobs whose learned times were a tenth of their planned ones ran a tenth of the iterations
+    # they run in it, and the merge of the live test above was never directed.
+    reasons = {}
+    for planned_x in (1, 10, 100):
+        rt = Runtime(ClusterSpec(), ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
+        add_nodes(rt, rollout=2, train=3)
+        add_jobs(rt, "AB", t_roll_s=0.2 * planned_x, t_train_s=0.6 * planned_x, slo=1.3)
+        for _ in range(LEARNED_AFTER):
+            for name in "AB":
+                to_boundary(rt, name, tuple(PHASE_S.values()))  # type: ignore[arg-type]
+        rec = rt.plan_deferred()
+        assert rec is not None and "pool their training nodes" in rec.reason, planned_x
+        reasons[planned_x] = rec.reason
+    assert len(set(reasons.values())) == 1, reasons  # the same saving whatever the planned times
