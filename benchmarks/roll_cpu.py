@@ -13,7 +13,7 @@ scenarios share the 2 cores:
    *step by step in turn*: each job pauses after every step (``harness/timing.py`` ``step_gate``) and
    the benchmark lets one step of one job run at a time, ``u-a`` first in even steps and ``o-a`` first
    in odd ones (ABBA...), so the two steps of a pair see the same machine load; once built, both jobs'
-   processes are reniced to 0 (``_renice``);
+   processes are reniced to 0 (``_paired.renice``);
 3. ``d-a`` then ``d-b`` alone, opted in, disaggregated (actor_train on fake GPU 0, actor_infer on fake
    GPU 1: rollout on the rollout node, weights through the sync plugin; ``d-b`` another learning rate):
    the *sequential* baseline;
@@ -48,9 +48,6 @@ not a burst that hits one step only; the interval shows how far those move the m
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
-import os
 import statistics
 import sys
 import tempfile
@@ -76,21 +73,11 @@ from testbed import (  # noqa: E402
 
 from rollmux.adapters.roll.phases import SPAN_PHASES  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _paired import PairStats, alternate, pct, renice  # noqa: E402
+
 TARGET_OVERHEAD, TARGET_MAKESPAN = 0.03, 1.0
 LR = {"a": 1e-3, "b": 3e-3}
-
-
-def _renice(job: Job) -> int:
-    """Put every process of a built job at niceness 0, the driver's (Ray starts its workers at 15, which lets
-    any other process on the shared box starve them mid-step). Done for u-a and o-a alike, once built (during
-    the build, workers at 0 starve the jobs' own raylets). Returns how many processes were changed."""
-    n = 0
-    for pid in session_pids(job.proc.pid):
-        with contextlib.suppress(OSError):
-            if os.getpriority(os.PRIO_PROCESS, pid) != 0:
-                os.setpriority(os.PRIO_PROCESS, pid, 0)
-                n += 1
-    return n
 
 
 def _go(wd: Path, name: str) -> Path:
@@ -111,19 +98,18 @@ def _wait_file(job: Job, path: Path, timeout_s: float) -> None:
 
 
 def _alternate(wd: Path, first: Job, second: Job, steps: int, timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Run two step-gated jobs one step at a time: `first` then `second` in even steps, the other way
-    round in odd ones; then let them finish, one after the other, in the same order."""
-    out: dict[str, dict[str, Any]] = {}
-    for k in range(steps + 1):
-        for job in (first, second) if k % 2 == 0 else (second, first):
-            (_go(wd, job.name) if k == 0 else _gate(wd, job.name) / f"go-{k}").touch()
-            if k < steps:
-                _wait_file(job, _gate(wd, job.name) / f"done-{k}", timeout_s)
-            else:
-                out[job.name] = job.wait(timeout_s=timeout_s)
-                if out[job.name]["rc"] != 0:
-                    raise SystemExit(f"job {job.name} failed: {out[job.name]['log_tail'][-1500:]}")
-    return out
+    """Run two step-gated jobs one step at a time in turn (:func:`_paired.alternate`)."""
+
+    def finish(job: Job) -> dict[str, Any]:
+        res = job.wait(timeout_s=timeout_s)
+        if res["rc"] != 0:
+            raise SystemExit(f"job {job.name} failed: {res['log_tail'][-1500:]}")
+        return res
+
+    return alternate(first, second, steps,
+                     release=lambda job, k: (_go(wd, job.name) if k == 0 else _gate(wd, job.name) / f"go-{k}").touch(),
+                     wait_step=lambda job, k: _wait_file(job, _gate(wd, job.name) / f"done-{k}", timeout_s),
+                     finish=finish)
 
 
 def _run(jobs: list[Job], go: Path, timeout_s: float) -> dict[str, dict[str, Any]]:
@@ -151,21 +137,6 @@ def step_parts(res: dict[str, Any]) -> list[tuple[float, float]]:
     calls = res.get("state_calls") or []
     return [(e - s, sum(c[3] - c[2] for c in calls if s <= c[2] and c[3] <= e))
             for name, s, e in res["spans"] if name == "pipeline_step"]
-
-
-def median_interval(xs: list[float], level: float = 0.9) -> tuple[float, float, float]:
-    """A distribution-free interval for the median of `xs` and its coverage: the order statistics
-    (j, n+1-j) with the largest j whose binomial(n, 1/2) coverage is still >= `level` (the whole range,
-    with its coverage, when n is too small)."""
-    xs, n = sorted(xs), len(xs)
-
-    def coverage(j: int) -> float:
-        return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n
-
-    j = 1
-    while j + 1 <= n // 2 and coverage(j + 1) >= level:
-        j += 1
-    return xs[j - 1], xs[n - j], coverage(j)
 
 
 def outside_s(res: dict[str, Any]) -> list[float]:
@@ -230,7 +201,7 @@ def measure(wd: Path, steps: int, pair_steps: int, timeout_s: float) -> dict[str
             raise SystemExit(str(exc)) from None
         print(f"[roll_cpu] built in {time.monotonic() - t0:.0f} s", flush=True)
         res: dict[str, dict[str, Any]] = {}
-        changed = _renice(jobs["u-a"]) + _renice(jobs["o-a"])
+        changed = renice(session_pids(jobs["u-a"].proc.pid)) + renice(session_pids(jobs["o-a"].proc.pid))
         print(f"[roll_cpu] running u-a and o-a alone, {pair_steps} steps each, one step at a time in turn "
               f"({changed} of their processes reniced to 0)", flush=True)
         res.update(_alternate(wd, jobs["u-a"], jobs["o-a"], pair_steps, timeout_s))
@@ -262,26 +233,19 @@ def _overhead(res: dict[str, Any], pair_steps: int) -> tuple[list[str], float]:
     ex = [((o - ol) - (u - ul)) / u for u, ul, o, ol in zip(u_s, u_l, o_s, o_l)]
     tot = [o / u - 1 for u, o in zip(u_s, o_s)]
     strict = [(o - ol) / max(u - ul, 1e-9) - 1 for u, ul, o, ol in zip(u_s, u_l, o_s, o_l)]
-    over_ex, over = statistics.median(ex), statistics.median(tot)
-    q = statistics.quantiles(ex, n=4) if len(ex) > 1 else [ex[0]] * 3
-    lo, hi, cover = median_interval(ex)
+    stats, over = PairStats.of(ex), statistics.median(tot)
     med = {"u": statistics.median(u_s), "o": statistics.median(o_s)}
     load = {"u": statistics.median(u_l), "o": statistics.median(o_l)}
     p_s, p_n = permit_s(o)
     rest = {n: statistics.median(outside_s(r)[1:] or outside_s(r)) for n, r in (("u", u), ("o", o))}
-
-    def pct(x: float) -> str:
-        return f"{x * 100:+.1f} %"
-
     return [
         f"alone, u-a (unset) and o-a (opted in), {pair_steps} steps each, one step at a time in turn; "
         f"{len(ex)} pairs (steps 1-{pair_steps - 1}; step 0 left out by rule)",
         f"  median step: unset {med['u']:.3f} s, opted in {med['o']:.3f} s; offload/reload (reported separately, "
         f"median per step): unset {load['u']:.3f} s, opted in {load['o']:.3f} s",
         f"overhead per step (median over the pairs of the opted-in step's extra time besides offload/reload / the "
-        f"unset step): {pct(over_ex)} (target <= {TARGET_OVERHEAD * 100:.0f} %); {pct(over)} with offload/reload",
-        f"  spread of the pair values: quartiles {pct(q[0])} / {pct(q[2])}, min {pct(min(ex))}, max {pct(max(ex))}; "
-        f"interval of the median (order statistics, {cover * 100:.0f} % coverage) {pct(lo)} .. {pct(hi)}",
+        f"unset step): {pct(stats.median)} (target <= {TARGET_OVERHEAD * 100:.0f} %); {pct(over)} with offload/reload",
+        f"  {stats.spread_line()}",
         f"  stricter: opted-in / unset step, both less offload/reload, - 1: median over the pairs "
         f"{pct(statistics.median(strict))}",
         f"  of which permit calls (driver -> gate actor -> sidecar -> coordinator and back): {p_n / pair_steps:.1f} per "
@@ -289,7 +253,7 @@ def _overhead(res: dict[str, Any], pair_steps: int) -> tuple[list[str], float]:
         f"  driver time outside ROLL's phase spans and offload/reload (median of the steps after the first): unset "
         f"{rest['u'] * 1000:.0f} ms, opted in {rest['o'] * 1000:.0f} ms per step: {(rest['o'] - rest['u']) * 1000:+.0f} "
         f"ms = {(rest['o'] - rest['u']) / med['u'] * 100:+.1f} % of the unset median step",
-    ], over_ex
+    ], stats.median
 
 
 def report(m: dict[str, Any], steps: int, pair_steps: int) -> tuple[list[str], bool]:

@@ -24,6 +24,11 @@ REPO = HARNESS.parents[3]
 
 START_FILE = "RMX_START_FILE"
 """With it set, the trainer waits at ``fit()`` until that file exists (``rollmux_verl_cpu._start_gate``)."""
+STEP_GATE = "RMX_STEP_GATE"
+"""With it set (a folder), the trainer pauses after each step k until ``go-{k+1}`` exists there
+(``rollmux_verl_cpu._step_gate``)."""
+REPLAY_POLL_S = "RMX_REPLAY_POLL_S"
+"""With it set, the v1 ``ReplayBuffer`` polls every that many seconds (``rollmux_verl_cpu._replay_poll``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,11 @@ What stands in for a GPU, and nothing more:
 The events this module sees (server sleep / wake / load_weights, with pid) go to the JSON-lines file
 named by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks. With ``RMX_START_FILE`` set,
 the trainer's ``fit()`` records a ``start_gate`` event and waits for that file, so that the tests can
-start several jobs' first phases together (test control, not a GPU stand-in).
+start several jobs' first phases together (test control, not a GPU stand-in). Two more test controls,
+for ``benchmarks/verl_cpu.py``, the same in unset and opted-in jobs: with ``RMX_STEP_GATE`` (a folder)
+the driver pauses after each step until the benchmark lets it go on (:func:`_step_gate`); with
+``RMX_REPLAY_POLL_S`` the v1 ``ReplayBuffer`` polls for finished rollouts every that many seconds
+instead of veRL's 2.0.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 
 EVENTS = "RMX_HARNESS_EVENTS"
 START_FILE = "RMX_START_FILE"
+STEP_GATE = "RMX_STEP_GATE"
+REPLAY_POLL_S = "RMX_REPLAY_POLL_S"
 START_WAIT_S = 900.0
 
 
@@ -224,36 +230,91 @@ def _replica_class() -> type:
     return HFCPUReplica
 
 
-# ---------------------------------------------------------------------------------------- start gate
+# ------------------------------------------------------------------------------------ test controls
+def _replace(module_name: str, cls_name: str, attr: str, wrap: Any) -> None:
+    """Once `module_name` is imported, replace ``cls.attr`` by ``wrap(original)`` (once: a re-imported module
+    runs its hook again). Installed as post-import hooks: this module loads while veRL is half-imported."""
+    from rollmux.adapters.common.hooks import when_imported
+
+    def hook(module: Any) -> None:
+        cls = getattr(module, cls_name)
+        original = cls.__dict__[attr]
+        if getattr(original, "_rmx_harness", False):
+            return
+        new = functools.wraps(original)(wrap(original))
+        new._rmx_harness = True
+        setattr(cls, attr, new)
+
+    when_imported(module_name, hook)
+
+
 def _start_gate() -> None:
     """Hold both trainers' ``fit()`` until the file named by ``RMX_START_FILE`` exists (if set).
 
-    Installed as post-import hooks (this module loads while veRL is half-imported); the RollMux adapter's
-    own ``fit`` patch, installed later, wraps this one, and no permit is asked before ``fit()``."""
+    The RollMux adapter's own ``fit`` patch, installed later, wraps this one, and no permit is asked
+    before ``fit()``."""
     path = os.environ.get(START_FILE)
     if not path:
         return
-    from rollmux.adapters.common.hooks import when_imported
 
-    def gate(module: Any, cls_name: str) -> None:
-        cls = getattr(module, cls_name)
-        fit = cls.__dict__["fit"]
-        if getattr(fit, "_rmx_start_gate", False):
-            return
+    def gated(cls_name: str) -> Any:
+        def wrap(fit: Any) -> Any:
+            def gated_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+                event("start_gate", trainer=cls_name)
+                deadline = time.monotonic() + START_WAIT_S
+                while not os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                return fit(self, *args, **kwargs)
 
-        @functools.wraps(fit)
-        def gated_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-            event("start_gate", trainer=cls_name)
-            deadline = time.monotonic() + START_WAIT_S
-            while not os.path.exists(path) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            return fit(self, *args, **kwargs)
+            return gated_fit
 
-        gated_fit._rmx_start_gate = True  # type: ignore[attr-defined]
-        cls.fit = gated_fit
+        return wrap
 
-    when_imported("verl.trainer.ppo.ray_trainer", lambda m: gate(m, "RayPPOTrainer"))
-    when_imported("verl.trainer.ppo.v1.trainer_base", lambda m: gate(m, "PPOTrainer"))
+    _replace("verl.trainer.ppo.ray_trainer", "RayPPOTrainer", "fit", gated("RayPPOTrainer"))
+    _replace("verl.trainer.ppo.v1.trainer_base", "PPOTrainer", "fit", gated("PPOTrainer"))
+
+
+def _step_gate() -> None:
+    """With ``RMX_STEP_GATE`` set to a folder: once the trainer has logged step k's metrics (``Tracking.log``,
+    after veRL's ``step`` timer has stopped and every phase of the step has ended), write ``done-k`` there
+    (holding the time) and wait for ``go-{k+1}``. The pause falls between two steps, outside veRL's
+    ``timing_s/step``; it lets a benchmark run two jobs one step at a time in turn. A step logged twice
+    pauses once."""
+    folder = os.environ.get(STEP_GATE)
+    if not folder:
+        return
+
+    def wrap(log: Any) -> Any:
+        def gated_log(self: Any, data: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
+            result = log(self, data, step, *args, **kwargs)
+            done = os.path.join(folder, f"done-{step}")
+            if not os.path.exists(done):
+                with open(done, "w") as f:
+                    f.write(str(time.time()))
+                go, deadline = os.path.join(folder, f"go-{int(step) + 1}"), time.monotonic() + START_WAIT_S
+                while not os.path.exists(go) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return result
+
+        return gated_log
+
+    _replace("verl.utils.tracking", "Tracking", "log", wrap)
+
+
+def _replay_poll() -> None:
+    """With ``RMX_REPLAY_POLL_S`` set: every v1 ``ReplayBuffer`` polls at that interval (seconds)."""
+    raw = os.environ.get(REPLAY_POLL_S)
+    if not raw:
+        return
+
+    def wrap(init: Any) -> Any:
+        def init_polling(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self.poll_interval = float(raw)
+
+        return init_polling
+
+    _replace("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer", "__init__", wrap)
 
 
 _done = False
@@ -271,6 +332,8 @@ def install() -> None:
     _eager_valuehead()
     _register_rollout()
     _start_gate()
+    _step_gate()
+    _replay_poll()
 
 
 install()

@@ -58,7 +58,7 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
                 if name not in out and p.poll() is not None:
                     out[name] = Finished(job=j, rc=p.returncode, wall_s=time.monotonic() - t0)
             if start_file is not None and not start_file.exists() and \
-                    all(_at_start_gate(j) for name, (j, _) in procs.items() if name not in out):
+                    all(at_start_gate(j) for name, (j, _) in procs.items() if name not in out):
                 start_file.touch()  # every job still running waits at fit() (one that exited waits for nobody)
             if watch is not None:
                 watch({n: p for n, (_, p) in procs.items() if n not in out})
@@ -70,7 +70,8 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
     return out
 
 
-def _at_start_gate(job: VerlJob) -> bool:
+def at_start_gate(job: VerlJob) -> bool:
+    """True once the job's trainer waits at ``fit()`` for its start file (it recorded a ``start_gate`` event)."""
     from job import read_jsonl
 
     path = job.workdir / "harness.jsonl"
@@ -82,15 +83,25 @@ def kill(job: VerlJob, proc: subprocess.Popen[bytes]) -> None:
     group and every Ray process it started (found by the job's own RAY_TMPDIR in their environment)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in ray_pids(job):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def ray_pids(job: VerlJob) -> list[int]:
+    """Pids of every process the job started (its driver and its Ray processes: they carry the job's own
+    RAY_TMPDIR in their environment)."""
     marker = f"RAY_TMPDIR={job.ray_tmp()}".encode()
+    out = []
     for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if marker in f.read().split(b"\0"):
-                    os.kill(pid, signal.SIGKILL)
+                    out.append(pid)
         except OSError:
             continue
-    proc.wait()
+    return out
 
 
 @contextlib.contextmanager
