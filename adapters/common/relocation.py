@@ -6,10 +6,12 @@ it the way the framework resumes (docs/verl.md and docs/roll.md, "Relocation"): 
 framework's own checkpoint at the end of Sync(i) while the nodes are still the job's, acknowledges
 before Rollout(i+1) (:func:`acknowledge`), and once switched writes :data:`MARKER` (:func:`write_marker`)
 and leaves with :class:`JobRelocated`; the driver exits :data:`EXIT_RELOCATED`
-(:func:`exit_on_relocation`). The platform restarts the same command on the new nodes with the same
-``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN`` (veRL: a self-registered job instead registers again through the
-new node's sidecar under the name in the marker); the adapter finds the marker (:func:`marker_for`) and
-resumes at Rollout(i+1).
+(:func:`exit_on_relocation`). The platform restarts the same command on the new nodes: an
+operator-registered job with the same ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``; a self-registered one
+(the marker says ``relayed``) registers again through the new node's sidecar under the name in the
+marker (:func:`restart_name`, :func:`register`), and the coordinator answers the same job with a fresh
+token (docs/coordinator.md, "Re-attaching a self-registered job"). The adapter finds the marker
+(:func:`marker_for`) and resumes at Rollout(i+1).
 
 The framework adapters supply where the checkpoint is taken, where the marker lives, and how the
 restart resumes: ``rollmux.adapters.verl.relocation`` and ``rollmux.adapters.roll.relocation``.
@@ -18,13 +20,19 @@ restart resumes: ``rollmux.adapters.verl.relocation`` and ``rollmux.adapters.rol
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from rollmux.adapters.common import registration
+from rollmux.adapters.common.api import AdapterError
+from rollmux.adapters.common.registration import JobIdentity
 from rollmux.errors import RollMuxError
 from rollmux.sidecar import env
+
+log = logging.getLogger(__name__)
 
 EXIT_RELOCATED = 75
 """The driver's exit status after a relocation (``EX_TEMPFAIL``): restart the job on its new nodes."""
@@ -35,9 +43,6 @@ MARKER = "rollmux-relocated.json"
 BOUNDARY_WAIT_S = 5.0
 """How long the acknowledgement is retried while the coordinator has not yet seen the Sync release."""
 
-SELF_REGISTERED = ("the job registered itself through the sidecar, so its token lives only in this Ray instance and "
-                   "a restart could not attach as the same job: set ROLLMUX_JOB and ROLLMUX_JOB_TOKEN to relocate it")
-"""Why a self-registered ROLL job declines every directive (docs/roll.md, "Relocation"; veRL re-attaches it)."""
 
 
 class JobRelocated(RollMuxError):
@@ -117,6 +122,45 @@ def marker_for(path: str, job: str) -> dict[str, Any] | None:
     """The marker at `path` when it was written for `job` (a restart of a relocated job), else None."""
     marker = read_marker(path)
     return marker if marker is not None and marker.get("job") == job else None
+
+
+def restart_name(path: str) -> str | None:
+    """The job name to register under when this run restarts a relocated self-registered job: the one
+    recorded in the marker at `path` (None: no such marker, an operator token is set, or ``ROLLMUX_JOB``
+    names another job). The driver registers it through its node's sidecar with the same spec
+    (:func:`register`); the coordinator answers the same job with a fresh token."""
+    marker = read_marker(path)
+    if marker is None or not marker.get("relayed") or not marker.get("job") or os.environ.get(env.JOB_TOKEN):
+        return None
+    given = os.environ.get(env.JOB, "")
+    return None if given and given != marker["job"] else str(marker["job"])
+
+
+def register(spec: Any, *, marker: str, restarted: bool) -> JobIdentity:
+    """Register the job (``registration.register``); `restarted` when its name came from the marker at
+    `marker` (:func:`restart_name`): the registration re-attaches the relocated job with a fresh token.
+
+    Raises:
+        AdapterError: a restart the coordinator refused to re-attach (says what to do).
+        SidecarError: as ``registration.register``, for a job that is not a restart.
+    """
+    try:
+        identity = registration.register(spec)
+    except RollMuxError as exc:
+        if not restarted:
+            raise
+        raise AdapterError(f"RollMux: job {spec.name!r} was relocated (marker {marker}) and could not re-attach "
+                           f"through this node's sidecar: {exc}; start it on one of the nodes the marker names, "
+                           "with the same config, or delete the marker to register a new job") from None
+    if restarted:
+        log.warning("RollMux: job %s re-attached after its relocation (fresh token)", identity.job)
+    return identity
+
+
+def restart_how(relayed: bool) -> str:
+    """How the restart attaches as the same job, for the message a relocated job leaves with."""
+    return ("it registers again through that node's sidecar under the name in the marker" if relayed
+            else "with the same ROLLMUX_JOB and ROLLMUX_JOB_TOKEN")
 
 
 def consume_marker(path: str) -> None:

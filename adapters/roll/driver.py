@@ -24,7 +24,8 @@ from typing import Any
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
-from rollmux.adapters.common.registration import PROPAGATED, JobIdentity, check_sidecar, register, socket_path
+from rollmux.adapters.common.registration import PROPAGATED, JobIdentity, check_sidecar, socket_path
+from rollmux.adapters.common.relocation import register
 from rollmux.adapters.roll import relocation
 from rollmux.adapters.roll.gate import Gates, start_gates
 from rollmux.adapters.roll.phases import SPAN_PHASES, STEP_SPAN, Action, PhaseTracker
@@ -178,7 +179,10 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
     rollout_socket = os.environ.get(adapter_env.ROLLOUT_SIDECAR_SOCKET) or socket_path()
     if rollout_socket != socket_path():
         check_sidecar(rollout_socket)
-    session = Session(identity=register(job_spec(cfg)))
+    restarted = relocation.restart_name(cfg)  # a relocated self-registered job: re-attach under its name
+    identity = register(job_spec(cfg, name=restarted), marker=relocation.marker_path(cfg),
+                        restarted=restarted is not None)
+    session = Session(identity=identity)
     object.__setattr__(instance, _SESSION_ATTR, session)
     log.info("rollmux: ROLL job %s registered (deployment %s)", session.identity.job, session.identity.deployment)
     session.relocator = relocation.prepare(cfg, session.identity.job, session.identity.relayed, session.tracker)

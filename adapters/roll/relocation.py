@@ -14,15 +14,19 @@ inside Train(i); its step i+1 opens with ``model_update``, Sync(i); then Rollout
 3. Switched: the driver writes :data:`MARKER` in ``checkpoint_config.output_dir`` and stops ``run()``
    with ``JobRelocated``; the gates detach without deregistering; the driver exits 75. (ROLL puts each
    run's checkpoints in ``<output_dir>/<start time>``; the marker sits in ``<output_dir>``.)
-4. Restarted on the new nodes with the same ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``, the driver finds
-   the marker and points ``resume_from_checkpoint`` at that checkpoint (``true`` would look only in
-   the new run's own folder); ROLL skips steps 0..i, and its first step's ``model_update``
-   (the checkpointed weights pushed to the fresh actor_infer) runs under Rollout(i+1).
+4. Restarted on the new nodes, the job attaches as the same job: an operator-registered one with the
+   same ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``; a self-registered one (the marker says ``relayed``)
+   registers again through the new node's sidecar under the name in the marker, with the same spec
+   (:func:`restart_name`), and gets a fresh token, kept where any self-registered job's token is (the
+   driver's memory and the gate actors'). The driver finds the marker and points
+   ``resume_from_checkpoint`` at that checkpoint (``true`` would look only in the new run's own
+   folder); ROLL skips steps 0..i, and its first step's ``model_update`` (the checkpointed weights
+   pushed to the fresh actor_infer) runs under Rollout(i+1).
 
-Declined (recorded once, the directive expires, the job keeps its place): a self-registered job, an
-``AgenticPipeline``, a ``checkpoint_config`` whose ``type`` is not ``file_system``, a
-``resume_from_checkpoint`` naming a fixed checkpoint, and the last step. At step 0 the job waits for
-the next step's end (ROLL never checkpoints step 0).
+Declined (recorded once, the directive expires, the job keeps its place): an ``AgenticPipeline``, a
+``checkpoint_config`` whose ``type`` is not ``file_system``, a ``resume_from_checkpoint`` naming a
+fixed checkpoint, and the last step. At step 0 the job waits for the next step's end (ROLL never
+checkpoints step 0).
 """
 
 from __future__ import annotations
@@ -38,15 +42,16 @@ from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.common.relocation import (
     BOUNDARY_WAIT_S,
     MARKER,
-    SELF_REGISTERED,
     JobRelocated,
     consume_marker,
     exit_on_relocation,
     marker_for,
     marker_record,
     record,
+    restart_how,
     write_marker,
 )
+from rollmux.adapters.common.relocation import restart_name as common_restart_name
 
 
 @dataclass(slots=True, kw_only=True)
@@ -56,6 +61,7 @@ class Relocator:
     job: str
     marker: str = ""  # the marker's path ('' : this job declines every directive, see `reason`)
     ckpt: str = ""  # this run's checkpoint folder (ROLL's checkpoint_config.output_dir)
+    relayed: bool = False  # registered through the sidecar: the restart registers again (written into the marker)
     reason: str = ""  # why it declines, when `marker` is ''
     run: str = field(default_factory=lambda: uuid.uuid4().hex)  # this run's id, written into the marker
     resumed: dict[str, Any] | None = None  # the marker this run resumes from, until its Rollout is granted
@@ -81,6 +87,19 @@ def _marker_dir(cfg: Any) -> str:
     return os.path.dirname(folder) if _STAMP.match(os.path.basename(folder)) else folder
 
 
+def marker_path(cfg: Any) -> str:
+    """The marker's absolute path for a ROLL pipeline config ('' without a ``file_system`` checkpoint)."""
+    folder = _marker_dir(cfg)
+    return os.path.join(folder, MARKER) if folder else ""
+
+
+def restart_name(cfg: Any) -> str | None:
+    """The job name a restart of a relocated self-registered job registers under (the marker's; None
+    otherwise): :func:`rollmux.adapters.common.relocation.restart_name` for this config's marker."""
+    path = marker_path(cfg)
+    return common_restart_name(path) if path else None
+
+
 def prepare(cfg: Any, job: str, relayed: bool, tracker: Any) -> Relocator:
     """Before ROLL builds the pipeline: this run's relocator; a restart of a relocated job resumes
     from the marker's checkpoint at its next Rollout (``tracker.resume_at``) and exits 75 if moved again.
@@ -88,12 +107,11 @@ def prepare(cfg: Any, job: str, relayed: bool, tracker: Any) -> Relocator:
     Raises:
         AdapterError: this run restarts a relocated job but ``resume_from_checkpoint`` names another checkpoint.
     """
-    folder = _marker_dir(cfg)
-    if relayed or not folder:
-        return Relocator(job=job, reason=SELF_REGISTERED if relayed else
-                         "checkpoint_config has no type file_system with an output_dir: a restart could not find "
-                         "ROLL's relocation checkpoint")
-    r = Relocator(job=job, marker=os.path.join(folder, MARKER), ckpt=_ckpt_dir(cfg))
+    path = marker_path(cfg)
+    if not path:
+        return Relocator(job=job, relayed=relayed, reason="checkpoint_config has no type file_system with an "
+                         "output_dir: a restart could not find ROLL's relocation checkpoint")
+    r = Relocator(job=job, marker=path, ckpt=_ckpt_dir(cfg), relayed=relayed)
     marker = marker_for(r.marker, job)
     if marker is not None:
         given, ours = getattr(cfg, "resume_from_checkpoint", False), marker["checkpoint"]
@@ -208,9 +226,9 @@ def at_boundary(r: Relocator, gates: Any, iteration: int) -> None:
         return
     ckpt = r.ckpt
     write_marker(r.marker, marker_record(r.job, switched, iteration=iteration, step=step + 1, run=r.run,
-                                         checkpoint=os.path.join(ckpt, f"checkpoint-{step}")))
+                                         checkpoint=os.path.join(ckpt, f"checkpoint-{step}"), relayed=r.relayed))
     record("relocation_exit", job=r.job, epoch=epoch, iteration=iteration, train_nodes=list(switched.train_nodes),
            rollout_nodes=list(switched.rollout_nodes))
     raise JobRelocated(f"RollMux relocated job {r.job!r} to {switched.to_group} (nodes {list(switched.rollout_nodes)} / "
                        f"{list(switched.train_nodes)}): ROLL's checkpoint of step {step} is in {ckpt}; restart the "
-                       "job there with the same ROLLMUX_JOB and ROLLMUX_JOB_TOKEN and checkpoint_config (exit 75)")
+                       f"job there ({restart_how(r.relayed)}) with the same checkpoint_config (exit 75)")

@@ -53,12 +53,13 @@ def deployment(cfg: Any) -> Deployment:
     return Deployment.COLOCATED_TRAIN if infer & train else Deployment.DISAGGREGATED
 
 
-def job_spec(cfg: Any) -> JobSpec:
+def job_spec(cfg: Any, *, name: str | None = None) -> JobSpec:
     """The job as the coordinator models it: GPUs per pool, model size, tokens, batch, turns, and its
     deployment mode (ROLL builds its clusters from the config, so the mode is the job's, not chosen).
 
     Phase times are ``ROLLMUX_PHASE_S`` when set, else left to the coordinator's profiler; the
-    measured ones refine them as the job runs. ``ROLLMUX_JOB`` names the job (default: ROLL's ``exp_name`` plus a unique suffix).
+    measured ones refine them as the job runs. The job's name is `name` when given (a relocated job's
+    restart: the name in its marker), else ``ROLLMUX_JOB``, else ROLL's ``exp_name`` plus a unique suffix.
     """
     infer, train = getattr(cfg, "actor_infer", None), getattr(cfg, "actor_train", None)
     samples = int(getattr(cfg, "num_return_sequences_in_group", 1) or 1)
@@ -68,7 +69,7 @@ def job_spec(cfg: Any) -> JobSpec:
     max_tokens = _turn_tokens(cfg, env_mgr) if env_mgr is not None else \
         int(getattr(cfg, "response_length", 0) or getattr(cfg, "sequence_length", 0) or 1)
     t_roll, t_train = phase_times()
-    return JobSpec(name=job_name(str(getattr(cfg, "exp_name", "") or "roll")), n_rollout_gpus=_gpus(infer),
+    return JobSpec(name=name or job_name(str(getattr(cfg, "exp_name", "") or "roll")), n_rollout_gpus=_gpus(infer),
                    n_train_gpus=_gpus(train), slo=slo(), model_params_b=_model_params_b(cfg),
                    max_tokens=max_tokens, batch_size=max(batch, 1), turns=max(turns, 1), t_roll_s=t_roll,
                    t_train_s=t_train, deployment=deployment(cfg))

@@ -18,10 +18,10 @@ import os
 from typing import Any
 
 from rollmux.adapters.common import AdapterError, registration
+from rollmux.adapters.common import relocation as common_relocation
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.adapters.verl import memory, relocation, sync_backend
 from rollmux.adapters.verl import spec as verl_spec
-from rollmux.errors import RollMuxError
 from rollmux.sidecar import env
 
 log = logging.getLogger(__name__)
@@ -53,17 +53,7 @@ def register_from_config(config: Any) -> JobIdentity:
     name = restarted or registration.job_name(verl_spec.get(config, "trainer.project_name"),
                                               verl_spec.get(config, "trainer.experiment_name"))
     job = verl_spec.job_spec(config, name=name, slo=registration.slo(), phase_s=registration.phase_times())
-    try:
-        _identity = registration.register(job)
-    except RollMuxError as exc:
-        if restarted is None:
-            raise
-        raise AdapterError(f"RollMux: job {name!r} was relocated (marker {relocation.marker_path(config)}) and "
-                           f"could not re-attach through this node's sidecar: {exc}; start it on one of the nodes "
-                           "the marker names, with the same config, or delete the marker to register a new job") \
-            from None
-    if restarted is not None:
-        log.warning("RollMux: job %s re-attached after its relocation (fresh token)", name)
+    _identity = common_relocation.register(job, marker=relocation.marker_path(config), restarted=restarted is not None)
     plan = memory.sleep_plan(config)
     log.warning("RollMux: job %s registered (%s, %s trainer; %d train GPUs, %d rollout GPUs, %.4fB params; "
                 "rollout engine %s sleeps at level %s between phases)", _identity.job, _identity.deployment,

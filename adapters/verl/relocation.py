@@ -46,8 +46,10 @@ from rollmux.adapters.common.relocation import (
     marker_for,
     marker_record,
     read_marker,
+    restart_how,
     write_marker,
 )
+from rollmux.adapters.common.relocation import restart_name as common_restart_name
 
 __all__ = ["BOUNDARY_WAIT_S", "EXIT_RELOCATED", "MARKER", "MARKER_ENV", "RELAYED_ENV", "RESUME_ENV", "RUN_ENV",
            "JobRelocated", "at_rollout_begin", "at_sync_end", "driver_env", "marker_path", "read_marker",
@@ -163,8 +165,7 @@ def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
     marker = read_marker(os.environ[MARKER_ENV]) or {}
     record("relocation_exit", job=r.job, epoch=epoch, iteration=iteration, train_nodes=marker.get("train_nodes"),
            rollout_nodes=marker.get("rollout_nodes"))
-    how = ("it registers again through that node's sidecar under the name in the marker" if marker.get("relayed")
-           else "with the same ROLLMUX_JOB and ROLLMUX_JOB_TOKEN")
+    how = restart_how(bool(marker.get("relayed")))
     return JobRelocated(f"RollMux relocated job {r.job!r} to {marker.get('to_group')} (nodes "
                        f"{marker.get('rollout_nodes')} / {marker.get('train_nodes')}): veRL's checkpoint of step "
                        f"{marker.get('step')} is saved; restart the job there ({how}) with "
@@ -174,17 +175,9 @@ def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
 # ------------------------------------------------------------------------------------------ driver side
 
 def restart_name(config: Any) -> str | None:
-    """The job name to register under when this run restarts a relocated self-registered job: the one
-    recorded in the marker (None: no such marker, an operator token is set, or ``ROLLMUX_JOB`` names
-    another job). The driver registers it through its node's sidecar with the same spec; the
-    coordinator answers the same job with a fresh token."""
-    from rollmux.sidecar import env
-
-    marker = read_marker(marker_path(config))
-    if marker is None or not marker.get("relayed") or not marker.get("job") or os.environ.get(env.JOB_TOKEN):
-        return None
-    given = os.environ.get(env.JOB, "")
-    return None if given and given != marker["job"] else str(marker["job"])
+    """The job name a restart of a relocated self-registered job registers under (the marker's; None
+    otherwise): :func:`rollmux.adapters.common.relocation.restart_name` for this config's marker."""
+    return common_restart_name(marker_path(config))
 
 
 def driver_env(config: Any, job: str, relayed: bool) -> dict[str, str]:

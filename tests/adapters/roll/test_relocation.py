@@ -3,14 +3,17 @@ sidecars: two per pool), through ROLL's own checkpoint and resume (docs/roll.md,
 
 As in the veRL adapter's test: A and B (registered from here, disaggregated) cannot share a training
 node (their training state fills its host DRAM), so B opens g1; C, the ROLL job (actor_infer co-located
-with actor_train on the training pool), packs with A in g0. A leaves once C is built (its gates
-attached); the coordinator directs C to g1. ROLL never checkpoints step 0, so C checkpoints at the end of
-step 1, acknowledges after step 2's ``model_update`` (Sync(1)), is switched and exits 75; started again on
-t1's sidecar with the same job name and token, ROLL resumes from that checkpoint and runs step 2.
+with actor_train on the training pool), registers itself through t0's sidecar (the default opt-in, no
+token) and packs with A in g0. A leaves once C is built (its gates attached); the coordinator directs C
+to g1. ROLL never checkpoints step 0, so C checkpoints at the end of step 1, acknowledges after step 2's
+``model_update`` (Sync(1)), is switched and exits 75; started again on t1's sidecar without
+``ROLLMUX_JOB`` (and without a token), its driver registers again under the name in the marker and gets
+a fresh token (the coordinator's re-attachment), ROLL resumes from that checkpoint and runs step 2.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -20,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from rollmux.adapters.common.relocation import EXIT_RELOCATED, MARKER, read_marker
+from rollmux.coordinator.service.redis_store import RedisStore
 from rollmux.model import Deployment, JobSpec, Pool
+from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar import env
 from rollmux.sidecar.gpu import host_dram_bytes
 
@@ -51,6 +56,18 @@ def adapter_records(event_log: Path) -> list[dict]:
     return [r for r in rows if r.get("kind") == "adapter"]
 
 
+def stored_relocation(redis_url: str, job: str) -> dict:
+    """The coordinator's stored relocation record of `job` (its latest directive), read from Redis."""
+    async def load() -> dict[str, str]:
+        store = RedisStore(redis_url)
+        try:
+            return await store.load()
+        finally:
+            await store.close()
+
+    return json.loads(asyncio.run(load()).get(f"relocation/{job}", "{}"))
+
+
 def test_a_roll_job_relocated_by_the_service_resumes_on_its_new_node_in_order(tmp_path: Path) -> None:
     from rollmux.coordinator.service.client import CoordinatorClient
 
@@ -62,14 +79,13 @@ def test_a_roll_job_relocated_by_the_service_resumes_on_its_new_node_in_order(tm
         pools.add_node("r1", Pool.ROLLOUT)
         big = int(0.6 * host_dram_bytes())
         a, _b = (client.register_job(spec(n, big, Deployment.DISAGGREGATED)) for n in "AB")
-        c = client.register_job(spec("C", 1 << 20, Deployment.COLOCATED_TRAIN))  # the operator registers it
-        assert {g.group_id: list(g.jobs) for g in client.cluster_state().groups} == {"g0": ["A", "C"], "g1": ["B"]}
 
         events = tmp_path / "events.jsonl"
-        opt_in = {**pools.job_env(events), env.JOB: "C", env.JOB_TOKEN: c.token}
+        opt_in = {**pools.job_env(events), env.JOB: "C"}  # no token: C registers itself through t0's sidecar
         go = tmp_path / "go"
         job = launch("C", tmp_path, steps=STEPS, extra_env=opt_in, start_file=go)
         wait_built([job])  # C's gates are attached: its ranks hear the directive
+        assert {g.group_id: list(g.jobs) for g in client.cluster_state().groups} == {"g0": ["A", "C"], "g1": ["B"]}
         a.deregister()
         go.touch()
         first = job.wait(300)
@@ -77,17 +93,27 @@ def test_a_roll_job_relocated_by_the_service_resumes_on_its_new_node_in_order(tm
         marker = read_marker(str(tmp_path / "C" / "ckpt" / MARKER))
         assert marker is not None and (marker["job"], marker["to_group"], marker["train_nodes"]) == ("C", "g1", ["t1"])
         assert (marker["iteration"], marker["step"]) == (2, 2)  # checkpoint of step 1; Rollout(2) next
+        assert marker["relayed"] is True
         assert Path(marker["checkpoint"]).name == "checkpoint-1" and Path(marker["checkpoint"]).is_dir()
         state = client.cluster_state()
         assert {g.group_id: list(g.jobs) for g in state.groups} == {"g1": ["B", "C"]}  # one group fewer
         freed = {n.node_id: n for n in state.nodes if n.node_id in ("r0", "t0")}
         assert all(n.group_id == "" and not n.HasField("holder") for n in freed.values()), freed
-        info = c.status()
-        assert (info.next_phase.value, info.next_iteration) == ("rollout", 2)
+        info = next(j for j in state.jobs if j.job == "C")
+        assert (info.next_phase, info.next_iteration, info.relayed_by) == (pb.PHASE_ROLLOUT, 2, "t0")
+        assert stored_relocation(pools.redis_url, "C")["reattached_by"] == ""
 
         shutil.move(job.log, tmp_path / "C-1.log")
-        second = launch("C", tmp_path, steps=STEPS, extra_env={**opt_in, env.SIDECAR_SOCKET: sockets["t1"]}).wait(300)
+        restart = {k: v for k, v in opt_in.items() if k != env.JOB}  # the name comes from the marker
+        job2 = launch("C", tmp_path, steps=STEPS, extra_env={**restart, env.SIDECAR_SOCKET: sockets["t1"]})
+        reattached = None
+        while reattached is None and job2.proc.poll() is None:  # C re-attached: relayed by its new node's sidecar
+            if any(j.job == "C" and j.relayed_by == "t1" for j in client.cluster_state().jobs):
+                reattached = stored_relocation(pools.redis_url, "C")["reattached_by"]
+            time.sleep(0.2)
+        second = job2.wait(300)
         assert second["rc"] == 0, second["log_tail"]
+        assert reattached == "t1"
         deadline = time.monotonic() + 10
         while [j.job for j in client.cluster_state().jobs] != ["B"] and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -78,8 +78,9 @@ class Pools:
                                        "--dir", str(self.workdir)], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
         _wait_port(port)
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
         self.coordinator = ThreadedServer(ServerOptions(
-            redis_url=f"redis://127.0.0.1:{port}/0", http=None, cluster=ClusterSpec(gpus_per_node=1),
+            redis_url=self.redis_url, http=None, cluster=ClusterSpec(gpus_per_node=1),
             config=ServiceConfig(lease_ttl_s=self.lease_ttl_s, reap_interval_s=0.05, heartbeat_interval_s=0.2)))
         assert self.coordinator.wait_ready(30), "coordinator did not start"
         self.sockets: dict[str, str] = {}
