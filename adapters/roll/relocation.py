@@ -23,7 +23,8 @@ inside Train(i); its step i+1 opens with ``model_update``, Sync(i); then Rollout
    folder); ROLL skips steps 0..i, and its first step's ``model_update`` (the checkpointed weights
    pushed to the fresh actor_infer) runs under Rollout(i+1).
 
-Declined (recorded once, the directive expires, the job keeps its place): an ``AgenticPipeline``, a
+Declined (recorded once, the directive expires, the job keeps its place): an ``AgenticPipeline`` (ROLL
+does not checkpoint its rollout scheduler's episode counters and seed), a
 ``checkpoint_config`` whose ``type`` is not ``file_system``, a ``resume_from_checkpoint`` naming a
 fixed checkpoint, and the last step. At step 0 the job waits for the next step's end (ROLL never
 checkpoints step 0).
@@ -154,7 +155,9 @@ def why_not(r: Relocator, pipeline: Any, step: int) -> str | None:
     if not r.marker:
         return r.reason
     if not isinstance(pipeline, RLVRPipeline):
-        return f"{type(pipeline).__name__}: relocation through checkpoint/resume is tested for RLVRPipeline only"
+        return (f"{type(pipeline).__name__}: ROLL's checkpoint holds RLVRPipeline's data position but not an agentic "
+                "rollout scheduler's episode counters and seed, so a restart would not continue its rollouts "
+                "(docs/roll.md, Relocation)")
     cfg = pipeline.pipeline_config
     given = getattr(cfg, "resume_from_checkpoint", False)
     if isinstance(given, str) and os.path.abspath(given) != os.path.abspath(_checkpoint(cfg, step)):
