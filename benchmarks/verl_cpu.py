@@ -14,8 +14,10 @@ with the defaults):
    holds the driver after veRL has logged a step, outside veRL's ``timing_s/step``, the same in both
    jobs) and the benchmark lets one step of one job run at a time, the unset job first in even steps
    and the opted-in one first in odd ones, so the two steps of a pair see the same machine load. Once
-   built, both jobs' processes are reniced to 0 (Ray starts its workers at 15). Per pair (step k of
-   each, veRL's own ``timing_s/step``): (opted-in step - its offload/reload - unset step) / unset step,
+   built and again before every step, both jobs' processes are reniced to 0 (Ray starts its workers at
+   15; a first run found the opted-in job's agent-loop workers, started as its trainer reached
+   ``fit()``, still at 15 after the renice at build time). Per pair (step k of each, veRL's own
+   ``timing_s/step``): (opted-in step - its offload/reload - unset step) / unset step,
    the opted-in step's extra time besides offload/reload; the overhead is the median over the pairs
    (target <= 3 %, what ``--check`` reads), printed with the spread of the pair values and a
    distribution-free interval of the median (order statistics, coverage >= 90 %). Rule: step 1 of both
@@ -253,7 +255,7 @@ def _wait_file(path: Path, proc: Any, name: str) -> None:
 
 
 def run_paired(jobs: Sequence[tuple[Any, dict[str, str] | None]], scenario: Any, job_mod: Any,
-               events: Path) -> tuple[list[Run], list[tuple[float, float]], int]:
+               events: Path) -> tuple[list[Run], list[tuple[float, float]], tuple[int, int]]:
     """Build job A unset and opted in at once, then run them one step at a time in turn.
 
     Args:
@@ -261,7 +263,7 @@ def run_paired(jobs: Sequence[tuple[Any, dict[str, str] | None]], scenario: Any,
 
     Returns:
         Their Runs (measured steps: the second on), the opted-in job's measured step windows (wall-clock
-        release to ``done``) and how many of their processes were reniced.
+        release to ``done``) and how many of their processes were reniced once built and later.
     """
     gate = {j.name: j.workdir / "steps" for j, _ in jobs}
     procs = {}
@@ -276,12 +278,15 @@ def run_paired(jobs: Sequence[tuple[Any, dict[str, str] | None]], scenario: Any,
             if any(p.poll() is not None for p in procs.values()) or time.monotonic() > deadline:
                 raise SystemExit(f"a paired job ended or stalled while building: see {[str(j.workdir) for j, _ in jobs]}")
             time.sleep(0.2)
-        changed = renice(pid for j, _ in jobs for pid in scenario.ray_pids(j))
-        print(f"  built in {time.monotonic() - t_start:.0f} s; {changed} processes reniced to 0", flush=True)
+        changed = [renice(pid for j, _ in jobs for pid in scenario.ray_pids(j))]
+        print(f"  built in {time.monotonic() - t_start:.0f} s; {changed[0]} processes reniced to 0", flush=True)
         released: dict[tuple[str, int], float] = {}
         t0 = cpu_ticks()
 
         def release(j: Any, k: int) -> None:
+            # again before every step, both jobs alike: Ray workers that start late (the agent loop's, as
+            # the trainer reaches fit()) can miss the renice at build time and run at 15
+            changed.append(renice(pid for j2, _ in jobs for pid in scenario.ray_pids(j2)))
             released[j.name, k] = time.time()
             (gate[j.name] / f"go-{k + 1}").touch()
 
@@ -303,7 +308,7 @@ def run_paired(jobs: Sequence[tuple[Any, dict[str, str] | None]], scenario: Any,
         return [(released[name, k - 1], float((gate[name] / f"done-{k}").read_text())) for k in range(2, unset.steps + 1)]
 
     runs = [collect(done[j.name], job_mod, ev, cpu, windows(j.name)) for j, _ in jobs]
-    return runs, windows(opted.name), changed
+    return runs, windows(opted.name), (changed[0], sum(changed[1:]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     return report_all(args, out, model, records, report, runs, windows, reniced)
 
 
-def report_overhead(unset: Run, alone: Run, reniced: int) -> tuple[PairStats, float, float]:
+def report_overhead(unset: Run, alone: Run, reniced: tuple[int, int]) -> tuple[PairStats, float, float]:
     """Print the opted-in-alone rows from the pairs; returns (the pair statistics, offload s, reload s) per step."""
     if not (len(unset.steps_s) == len(alone.steps_s) == len(alone.moved_steps_s)):
         raise SystemExit(f"expected one measured step per pair, got {len(unset.steps_s)} unset, {len(alone.steps_s)} "
@@ -388,7 +393,8 @@ def report_overhead(unset: Run, alone: Run, reniced: int) -> tuple[PairStats, fl
           f"{pct(total)} with offload/reload")
     print(f"  {stats.spread_line()}")
     print(f"  machine busy during the pairs {unset.busy_cores:.2f} CPUs (steal {unset.steal_cores:.2f}; both jobs, "
-          f"one step at a time); {reniced} of their processes reniced to 0 once built")
+          f"one step at a time); {reniced[0]} of their processes reniced to 0 once built, "
+          f"{reniced[1]} more before later steps")
     mb, mi = dict(unset.timings), dict(alone.timings)
     print("  veRL timing_s median deltas, opted in alone - unset (ms): " + ", ".join(
         f"{k} {(statistics.median(mi[k]) - statistics.median(mb[k])) * 1e3:+.0f}" for k in sorted(mi)
@@ -397,7 +403,7 @@ def report_overhead(unset: Run, alone: Run, reniced: int) -> tuple[PairStats, fl
 
 
 def report_all(args: argparse.Namespace, out: Path, model: Path, records: list[dict[str, Any]], report: Any,
-               runs: list[Run], windows: list[tuple[float, float]], reniced: int) -> int:
+               runs: list[Run], windows: list[tuple[float, float]], reniced: tuple[int, int]) -> int:
     """Print the table and write OUT/verl_cpu.json; returns the exit status."""
     unset, alone, solo_a, solo_b, mux_a, mux_b = runs
     spans = report.spans(records)
