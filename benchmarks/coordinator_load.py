@@ -26,7 +26,11 @@ Design (printed with the figures):
   all jobs start together here they come in one burst that a running cluster spreads over job
   arrivals. --measure-learning opens the window right after the first phase to measure that burst.
 - The service runs pinned to the first half of the CPUs and the load generator to the rest
-  (--no-pin: anywhere), and the driver samples the VM's steal time beside the asks.
+  (--no-pin: anywhere), every process of the run at niceness --nice (-10 by default, where this
+  user may raise priority; 0: as started), so that other work on a shared machine takes less of
+  their CPUs: in a cluster the coordinator and its Redis have cores of their own, and the jobs'
+  shims and sidecars are on other machines. The driver samples the VM's steal time and other
+  processes' CPU on the service's CPUs beside the asks, and prints how many slow asks overlapped them.
 - A permit cycle = one phase granted and released. Offered load = jobs / phase time; achieved =
   grants answered inside the measured window / window. Grant latency = client-observed time from
   asking for the (grantable) next phase to holding its durable grant: the AdvancePermit round trip,
@@ -95,33 +99,47 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class StealSampler:
-    """The hypervisor's steal time on this VM's CPUs over the window, in 10 ms samples (/proc/stat).
+class CpuSampler:
+    """What else ran on the CPUs over the window, in 10 ms samples (/proc): the hypervisor's steal
+    time on this VM's CPUs, and other processes' CPU on the service's CPUs.
 
-    On a shared VM the host may run other guests on our vCPUs; every process here stalls then, and
-    no code in them can tell. Sampling steal beside the asks tells such stalls apart from the
-    service's own (``correlate``).
+    On a shared VM the host may run other guests on our vCPUs, and other tenants' processes may run
+    on the service's CPUs however it is pinned; the service stalls then, and no code in it can tell.
+    Sampling both beside the asks tells such stalls apart from the service's own (``summary``).
+    Figures are in the kernel's clock ticks (10 ms), so a sample's share is approximate; their sums
+    over the window are not.
     """
 
     PERIOD_S = 0.01
 
-    def __init__(self, t_start: float, t_end: float) -> None:
+    def __init__(self, t_start: float, t_end: float, service_pids: list[int], service_cpus: set[int] | None) -> None:
         import threading
 
-        self.samples: list[tuple[float, int]] = []  # (seconds since t_start at the sample's end, steal ticks in it)
+        # (seconds since t_start at the sample's end, steal ticks, other processes' ticks on the service's CPUs)
+        self.samples: list[tuple[float, int, int]] = []
         self._t_start, self._t_end = t_start, t_end
-        self._thread = threading.Thread(target=self._run, name="steal-sampler", daemon=True)
+        self._pids, self._cpus = service_pids, service_cpus
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
-    @staticmethod
-    def _steal_ticks() -> int | None:
+    def _ticks(self) -> tuple[int, int] | None:
+        """(steal ticks of every CPU, busy ticks of the service's CPUs less the service's own), or None."""
         try:
             with open("/proc/stat") as f:
-                fields = f.readline().split()
-        except OSError:
+                lines = [ln.split() for ln in f if ln.startswith("cpu")]
+            own = 0
+            for pid in self._pids:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+                own += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError):
             return None
-        return int(fields[8]) if len(fields) > 8 else None
+        steal = int(lines[0][8]) if len(lines[0]) > 8 else 0
+        # user nice system irq softirq of each service CPU (not idle, iowait, steal)
+        busy = sum(int(f[1]) + int(f[2]) + int(f[3]) + int(f[6]) + int(f[7]) for f in lines[1:]
+                   if self._cpus and int(f[0][3:]) in self._cpus)
+        return steal, busy - own
 
-    def start(self) -> StealSampler:
+    def start(self) -> CpuSampler:
         self._thread.start()
         return self
 
@@ -130,37 +148,44 @@ class StealSampler:
 
     def _run(self) -> None:
         time.sleep(max(0.0, self._t_start - time.monotonic()))
-        prev = self._steal_ticks()
+        prev = self._ticks()
         if prev is None:
             return
         due = time.monotonic()
         while (now := time.monotonic()) < self._t_end:
             due += self.PERIOD_S
             time.sleep(max(0.0, due - now))
-            cur = self._steal_ticks() or prev
-            self.samples.append((time.monotonic() - self._t_start, cur - prev))
+            cur = self._ticks() or prev
+            self.samples.append((time.monotonic() - self._t_start, cur[0] - prev[0], max(0, cur[1] - prev[1])))
             prev = cur
 
-    def summary(self, asks: list[tuple[float, float]], slow_s: float) -> str:
-        """Steal over the window and how many slow asks (over `slow_s`) overlapped a sample with steal."""
+    def _overlap(self, what: str, column: int, asks: list[tuple[float, float]], slow_s: float) -> str:
         tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-        stolen = [t for t, n in self.samples if n > 0]
-        total_s = sum(n for _, n in self.samples) * tick_s
-        if not self.samples:
-            return "VM steal: not measured (no /proc/stat)"
+        hot = [t for t, *n in self.samples if n[column] > 0]
+        total_s = sum(n[column] for _, *n in self.samples) * tick_s
 
-        def hit(t0: float, lat: float) -> bool:  # a stolen sample's 10 ms reach [t0, t0 + lat]
-            i = bisect.bisect_left(stolen, t0)
-            return i < len(stolen) and stolen[i] - self.PERIOD_S <= t0 + lat
+        def hit(t0: float, lat: float) -> bool:  # a hot sample's 10 ms reach [t0, t0 + lat]
+            i = bisect.bisect_left(hot, t0)
+            return i < len(hot) and hot[i] - self.PERIOD_S <= t0 + lat
 
         slow = [(t, x) for t, x in asks if x > slow_s]
         slow_hit = sum(hit(t, x) for t, x in slow)
         all_hit = sum(hit(t, x) for t, x in asks)
-        return (f"VM steal (the host ran others on our vCPUs): {total_s * 1e3:.0f} ms of CPU over the window, in "
-                f"{len(stolen)} of {len(self.samples)} 10 ms samples; asks over {slow_s * 1e3:.0f} ms overlapping a "
-                f"stolen sample: {slow_hit} of {len(slow)}"
+        return (f"{what}: {total_s * 1e3:.0f} ms of CPU over the window, in {len(hot)} of {len(self.samples)} "
+                f"10 ms samples; asks over {slow_s * 1e3:.0f} ms overlapping such a sample: {slow_hit} of {len(slow)}"
                 f" ({slow_hit / len(slow) * 100 if slow else 0:.0f}%; all asks: "
                 f"{all_hit / len(asks) * 100 if asks else 0:.1f}%)")
+
+    def summary(self, asks: list[tuple[float, float]], slow_s: float) -> str:
+        """Steal, and other processes on the service's CPUs, over the window, and how many slow asks
+        (over `slow_s`) overlapped a sample with either."""
+        if not self.samples:
+            return "VM steal and other processes: not measured (no /proc)"
+        lines = [self._overlap("VM steal (the host ran others on our vCPUs)", 0, asks, slow_s)]
+        if self._cpus:
+            lines.append(self._overlap("other processes on the service's CPUs (this machine's other work)", 1,
+                                       asks, slow_s))
+        return "\n".join(lines)
 
 
 def learning_s(phase_s: float, args: argparse.Namespace) -> float:
@@ -197,6 +222,17 @@ def _pinning(args: argparse.Namespace) -> str:
         return "not pinned"
     return (f"service on CPU {','.join(map(str, sorted(args.sut_cpus)))}, load generator on CPU "
             f"{','.join(map(str, sorted(args.load_cpus)))}")
+
+
+def set_niceness(nice: int) -> str:
+    """Run this process, and every process it starts from now on, at niceness `nice`; says what was set."""
+    if not nice:
+        return "niceness as started"
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as e:
+        return f"niceness as started ({nice} refused: {e.strerror})"
+    return f"niceness {nice}"
 
 
 def pin_to(cpus: set[int] | None) -> None:
@@ -412,9 +448,9 @@ def redis_commits(url: str | None) -> int | None:
 
 
 def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[int],  # type: ignore[no-untyped-def]
-           redis_url: str | None = None):
+           service_pids: list[int], redis_url: str | None = None):
     """Run the client processes against `address`; CPU seconds of `pids`, load average and Redis
-    commits around the window."""
+    commits around the window, and what else ran on the CPUs (`service_pids`: the service under test)."""
     histograms(getattr(args, "metrics_url", None))  # imports and a first scrape now, not at the window's start
     redis_commits(redis_url)
     phase_s = args.phase_ms / 1000.0
@@ -429,7 +465,7 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
                for s in shards]
     for w in workers:
         w.start()
-    steal = StealSampler(t_measure, t_end).start()
+    steal = CpuSampler(t_measure, t_end, service_pids, args.sut_cpus).start()
     time.sleep(max(0.0, t_measure - time.monotonic()))
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     load0 = os.getloadavg()[0]
@@ -524,8 +560,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ceiling", action="store_true",
                     help="then drive a stateless no-op gRPC server the same way: what this machine's gRPC "
                          "stack allows right now, beside the coordinator's figures")
+    ap.add_argument("--nice", type=int, default=-10,
+                    help="niceness of this run's processes, inherited by the service and the load generator "
+                         "(default -10: other work on a shared machine yields to them; needs root or "
+                         "CAP_SYS_NICE, else left as started; 0: as started)")
     args = ap.parse_args(argv)
     args.sut_cpus, args.load_cpus = cpu_split(args.pin)
+    args.niceness = set_niceness(args.nice)
     pin_to(args.load_cpus)  # this driver is part of the load generator
 
     from rollmux.coordinator.service.client import CoordinatorClient
@@ -600,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
 
         phase_s = args.phase_ms / 1000.0
         cpu0, cpu1, load0, load1, results, steal = _drive(address, jobs, args, [*(p.pid for p in procs), streams.pid],
-                                                   redis_url)
+                                                   [p.pid for p in procs], redis_url)
         streams_pid = streams.pid
         ceiling = None
         if args.ceiling:
@@ -609,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready, args.sut_cpus), daemon=True)
             noop.start()
             ready.wait(30)
-            n0, n1, _, _, nres, nsteal = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid])
+            n0, n1, _, _, nres, nsteal = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid], [noop.pid])
             noop.terminate()
             noop.join(5)
             nlat = [x for r in nres for x in r["lat"]]
@@ -652,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     client_cpu = sum(r["cpu_s"] for r in results) / args.seconds
     loop = "closed loop, zero think time" if not phase_s else f"each permit held {args.phase_ms:g} ms"
     print(f"coordinator load: {args.jobs} jobs ({loop}), mode={args.mode}, {args.clients} client process(es), "
-          f"store={store}, {os.cpu_count()} CPUs ({_pinning(args)}), load average {load0:.2f} -> {load1:.2f}, "
+          f"store={store}, {os.cpu_count()} CPUs ({_pinning(args)}, {args.niceness}), load average {load0:.2f} -> {load1:.2f}, "
           f"window {args.seconds:g} s after {learning_s(phase_s, args):g} s of learning iterations and "
           f"{args.warmup:g} s warm-up, setup {setup_s:.1f} s")
     streams_cpu = (cpu1[streams_pid] - cpu0[streams_pid]) / args.seconds
