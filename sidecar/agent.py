@@ -1,17 +1,14 @@
-"""The node agent: rank leases, permit fan-out, release after all local ranks, coordinator stream.
+"""The node agent: rank leases, coordinator stream, release after all local ranks.
 
 One :class:`NodeAgent` per node. The gRPC layer (``sidecar/server.py``) turns each rank call into
 one method call here; the agent decides under one lock (which rank leads the coordinator call,
 whether every local rank has released, whether the job lost a rank) and performs the slow actions
 (coordinator calls, NVML polling) outside it.
 
-Permit flow for one job on one node::
-
-    rank A Acquire(train, 3) --+-- first asker leads: JobClient.acquire(...) on the coordinator
-    rank B Acquire(train, 3) --+-- others wait; all get the same lease (fan-out)
-    rank A Release(epoch)      -- waits for B
-    rank B Release(epoch)      -- last one leads: NVML check of the job's pids, then
-                                  JobClient.release(duration = longest rank's) ; both return
+Its parts: the permit relaying (``Acquire``/``Release``/``Progress``, fanned out to every local
+rank of a job) in :mod:`rollmux.sidecar.agent_permits`, the relocation directives held for ranks
+that attach later in :mod:`rollmux.sidecar.agent_relocations`, its records in
+:mod:`rollmux.sidecar.agent_records`.
 
 A rank's ``Attach`` stream is its lease: when it drops without ``Detach`` the rank is DEAD, the job
 is aborted on this node and deregistered at the coordinator, which frees the node at once.
@@ -32,7 +29,6 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from rollmux.coordinator.service.api import (
@@ -42,22 +38,15 @@ from rollmux.coordinator.service.api import (
     ServiceError,
     UnauthenticatedError,
 )
-from rollmux.coordinator.service.client import (
-    CoordinatorClient,
-    JobClient,
-    NodeSession,
-    Permit,
-    PermitTimeoutError,
-)
-from rollmux.model import Lease, Migration, Phase, Pool, Relocation, RelocationState
+from rollmux.coordinator.service.client import CoordinatorClient, JobClient, NodeSession
+from rollmux.model import Relocation
 from rollmux.proto import rollmux_v1_pb2 as pb
-from rollmux.proto.convert import relocation_to_pb
+from rollmux.sidecar.agent_permits import PermitRelay
+from rollmux.sidecar.agent_records import AgentConfig, LocalJob
+from rollmux.sidecar.agent_relocations import HeldRelocations
 from rollmux.sidecar.api import (
-    PHASES,
     Connection,
     ConnectionState,
-    JobAbortedError,
-    PermitWaitTimeoutError,
     RankLease,
     RankLeaseError,
     RankState,
@@ -67,49 +56,7 @@ from rollmux.sidecar.gpu import GpuProvider, host_dram_bytes
 
 log = logging.getLogger("rollmux.sidecar")
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AgentConfig:
-    """Knobs of one node agent."""
-
-    node_id: str  # the node's id at the coordinator
-    pool: Pool  # the node's pool
-    gpu_mem_limit_bytes: int = 512 << 20  # a job's processes may keep this much GPU memory after a phase
-    memory_wait_s: float = 30.0  # how long to wait for the job's GPU memory to drop before releasing anyway
-    heartbeat_s: float = 0.5  # heartbeat period on the coordinator stream (renews running leases)
-    event_log: str | None = None  # JSON-lines file of node events (grants, releases, rank deaths)
-
-    def __post_init__(self) -> None:
-        if self.gpu_mem_limit_bytes < 0:
-            raise ValueError(f"gpu_mem_limit_bytes={self.gpu_mem_limit_bytes} must be >= 0")
-        if self.heartbeat_s <= 0:
-            raise ValueError(f"heartbeat_s={self.heartbeat_s} must be > 0")
-
-
-@dataclass(slots=True, kw_only=True)
-class LocalJob:
-    """One job's ranks on this node and its current permit here (guarded by the agent's lock)."""
-
-    name: str
-    client: JobClient
-    ranks: dict[str, RankLease] = field(default_factory=dict)
-    permit: Permit | None = None  # granted on this node, not yet released
-    acquiring: tuple[str, int] | None = None  # (phase, iteration) a rank is asking the coordinator for
-    releasing: bool = False  # the last local rank is releasing the node
-    released: dict[str, float] = field(default_factory=dict)  # rank_id -> its phase duration, s
-    last_released_epoch: int = 0
-    granted_at: float = 0.0  # wall time the current permit reached this node
-    aborted: str | None = None  # why the job stopped on this node (a rank died, ...)
-
-    def live_ranks(self) -> list[RankLease]:
-        return [r for r in self.ranks.values() if r.live]
-
-
-def _phase_key(phase: str, iteration: int) -> tuple[int, int]:
-    return iteration, PHASES.index(phase)
-
-
-class NodeAgent:
+class NodeAgent(PermitRelay):
     """The node's agent. Thread-safe: the gRPC server calls it from many threads.
 
     Args:
@@ -129,9 +76,7 @@ class NodeAgent:
         self._ranks: dict[str, RankLease] = {}
         self._inbox: dict[str, queue.Queue[Any]] = {}  # rank_id -> events for its Attach stream
         self._seq = 0
-        # job -> (when heard, in `_heard` order; its latest relocation directive), kept while pending
-        self._relocations: dict[str, tuple[int, pb.RelocationDirective]] = {}
-        self._heard = 0
+        self._relocations = HeldRelocations()  # pending directives, replayed to ranks attaching later
         self._stop = threading.Event()
         self._session: NodeSession | None = None
         self._monitor = threading.Thread(target=self._watch_connection, name="rollmux-conn", daemon=True)
@@ -223,7 +168,7 @@ class NodeAgent:
             d = msg.relocate
             self._record("relocation", job=d.job, epoch=d.epoch, state=d.state)
             with self._cv:  # held and fanned out in one step: a rank attaching meanwhile gets it exactly once
-                self._hold_relocation(d)
+                self._relocations.hold(d)
                 self._fan_out(d.job, ("relocate", d))
 
     def _fan_out(self, job_name: str, event: tuple[str, Any]) -> None:
@@ -233,42 +178,6 @@ class NodeAgent:
                 if r.rank_id in self._inbox:
                     self._inbox[r.rank_id].put(event)
 
-    def _hold_relocation(self, d: pb.RelocationDirective) -> None:
-        """Keep `d` as its job's directive while it is pending; drop the job's directive once it ends
-        (switched, expired, cancelled). The lock is held."""
-        held = self._relocations.get(d.job)
-        if held is not None and held[1].epoch > d.epoch:
-            return  # news of an older directive
-        if d.state == RelocationState.PENDING.value:
-            self._heard += 1
-            self._relocations[d.job] = (self._heard, d)
-        else:
-            self._relocations.pop(d.job, None)
-
-    def _adopt_relocation(self, job_name: str, known: Relocation | None, heard_before: int) -> None:
-        """On a job's first rank here, the coordinator's answer (``GetJob``, asked when `heard_before`
-        directives had been heard) replaces what this node's stream said earlier: the stream may have
-        been down when a directive was issued or ended, or the job left and was registered again.
-        A directive heard on the stream after that call started is kept. The lock is held."""
-        held = self._relocations.get(job_name)
-        if held is not None and held[0] > heard_before:
-            return
-        if known is not None and known.state is RelocationState.PENDING:
-            self._heard += 1
-            self._relocations[job_name] = (self._heard, relocation_to_pb(known))
-        else:
-            self._relocations.pop(job_name, None)
-
-    def _replay_relocation(self, job_name: str, inbox: queue.Queue[Any]) -> None:
-        """Hand a rank attaching now its job's pending directive, if it is not past its deadline
-        (then the coordinator expires it: the job keeps its place). The lock is held."""
-        held = self._relocations.get(job_name)
-        if held is None:
-            return
-        if held[1].deadline_unix_s <= time.time():
-            del self._relocations[job_name]
-            return
-        inbox.put(("relocate", held[1]))
 
     # ------------------------------------------------------------------------------ rank leases
     def note(self, event: str, **fields: Any) -> None:
@@ -298,7 +207,7 @@ class NodeAgent:
             job = self._jobs.get(job_name)
             fresh = (job is None or job.aborted is not None
                      or not hmac.compare_digest(job.client.token.encode(), job_token.encode()))
-            heard = self._heard
+            heard = self._relocations.heard
         if fresh:
             client = self.coordinator.job(job_name, job_token)
             try:
@@ -316,7 +225,7 @@ class NodeAgent:
         with self._cv:
             if fresh:
                 self._jobs[job_name] = LocalJob(name=job_name, client=client)
-                self._adopt_relocation(job_name, info.relocation, heard)
+                self._relocations.adopt(job_name, info.relocation, heard)
             self._seq += 1  # the random part makes ids unguessable; they are honoured only on `conn` anyway
             lease = RankLease(rank_id=f"{job_name}/{rank}#{self._seq}.{secrets.token_urlsafe(12)}", job=job_name,
                               rank=rank, pid=pid, conn=conn)
@@ -324,7 +233,7 @@ class NodeAgent:
             self._ranks[lease.rank_id] = lease
             inbox: queue.Queue[Any] = queue.Queue()
             self._inbox[lease.rank_id] = inbox
-            self._replay_relocation(job_name, inbox)  # after the Attached event: the stream sends that first
+            self._relocations.replay(job_name, inbox)  # after the Attached event: the stream sends that first
         self._record("rank_attached", job=job_name, rank=rank, pid=pid)
         return lease, inbox
 
@@ -358,7 +267,7 @@ class NodeAgent:
             if not job.live_ranks() and job.permit is None:
                 self._jobs.pop(job.name, None)
             if deregister:  # the job leaves: its directive goes with it
-                self._relocations.pop(job.name, None)
+                self._relocations.drop(job.name)
             self._cv.notify_all()
         if inbox is not None:
             inbox.put(("detached", None))  # ends the rank's Attach stream
@@ -389,168 +298,8 @@ class NodeAgent:
             raise self._no_lease(rank_id)
         return lease, self._jobs[lease.job]
 
-    # ------------------------------------------------------------------------------------ permits
-    def acquire(self, rank_id: str, phase: str, iteration: int, timeout_s: float, *, conn: str = "") -> Lease:
-        """Block until the job's permit for (`phase`, `iteration`) holds this node; fan it out.
 
-        Raises:
-            PermitWaitTimeoutError: not granted within `timeout_s`.
-            JobAbortedError: the job lost a rank meanwhile.
-            RankLeaseError: unknown rank, or a phase out of on-policy order.
-        """
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            lease, job = self._rank(rank_id, conn)
-            lease.move(RankState.WAITING, f"Acquire {phase}({iteration})")
-        try:
-            return self._acquire(lease, job, phase, iteration, deadline)
-        except BaseException:
-            with self._cv:
-                if lease.state is RankState.WAITING:
-                    lease.move(RankState.IDLE, "permit wait failed")
-            raise
-
-    def _acquire(self, lease: RankLease, job: LocalJob, phase: str, iteration: int, deadline: float) -> Lease:
-        want = (phase, iteration)
-        while True:
-            with self._cv:
-                lead = False
-                while not lead:
-                    if job.aborted:
-                        raise JobAbortedError(f"{job.aborted}; stop this rank too (its job cannot continue)")
-                    p = job.permit
-                    if p is not None and (p.phase.value, p.iteration) == want:
-                        lease.move(RankState.RUNNING, f"epoch {p.epoch}")
-                        return p
-                    if job.acquiring is None and not job.releasing and p is None:
-                        job.acquiring, lead = want, True
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise PermitWaitTimeoutError(f"job {job.name!r} {phase}({iteration}) was not granted on "
-                                                     f"node {self.config.node_id} in time")
-                    self._cv.wait(min(left, 0.5))
-            try:
-                permit = self._acquire_remote(job, phase, iteration, deadline)
-            finally:
-                with self._cv:
-                    job.acquiring = None
-                    self._cv.notify_all()
-            if self.config.node_id not in permit.nodes:  # the job was relocated: its ranks run elsewhere now
-                self._record("grant_elsewhere", job=job.name, phase=phase, iteration=iteration, epoch=permit.epoch,
-                             nodes=list(permit.nodes))
-                raise RankLeaseError(f"job {job.name!r} {phase}({iteration}) was granted on node(s) "
-                                     f"{','.join(permit.nodes)}, not on this node {self.config.node_id}: the job "
-                                     "was relocated; honour the directive (rollmux.relocate()) and attach there")
-            with self._cv:
-                if job.aborted is None:
-                    job.permit, job.granted_at, job.released = permit, time.time(), {}
-            self._record("granted", job=job.name, phase=phase, iteration=iteration, epoch=permit.epoch)
-
-    def _acquire_remote(self, job: LocalJob, phase: str, iteration: int, deadline: float) -> Permit:
-        """JobClient.acquire, waiting out the job's previous phase held on another node."""
-        delay = 0.005
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PermitWaitTimeoutError(f"job {job.name!r} {phase}({iteration}) not granted in time")
-            try:
-                return job.client.acquire(Phase(phase), iteration, timeout_s=left)
-            except PermitTimeoutError as exc:
-                raise PermitWaitTimeoutError(str(exc)) from None
-            except FailedPreconditionError as exc:
-                if "out of order" not in str(exc):
-                    raise RankLeaseError(str(exc)) from None
-                nxt = job.client.status()
-                if _phase_key(nxt.next_phase.value, nxt.next_iteration) > _phase_key(phase, iteration):
-                    raise RankLeaseError(f"job {job.name!r} asked for {phase}({iteration}) but the coordinator "
-                                         f"is past it (next: {nxt.next_phase.value}({nxt.next_iteration}))") \
-                        from None
-                # the previous phase (held by the job's ranks on another node) is not released yet
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-            except ServiceError as exc:
-                raise SidecarUnreachableError(f"coordinator {','.join(self.coordinator.targets)} failed the "
-                                              f"permit call for job {job.name!r}: {exc}") from None
-
-    def release(self, rank_id: str, epoch: int, duration_s: float, state_host_bytes: int, *,
-                conn: str = "") -> tuple[bool, str, int]:
-        """Release this rank's part of a phase; returns once the node went back to the coordinator.
-
-        The last local rank to release checks the job's GPU memory (NVML), then releases the permit
-        with the longest rank's duration. Returns (this call released the node, next phase, next iteration).
-
-        Raises:
-            RankLeaseError: unknown rank or an epoch this node does not hold.
-            JobAbortedError: the job lost a rank meanwhile.
-        """
-        with self._cv:
-            lease, job = self._rank(rank_id, conn)
-            if job.permit is None or job.permit.epoch != epoch:
-                if epoch and epoch <= job.last_released_epoch:  # retried, or revoked meanwhile
-                    if lease.state is RankState.RUNNING:
-                        lease.move(RankState.IDLE, f"epoch {epoch} already over")
-                    lease.host_bytes = max(0, state_host_bytes)
-                    return False, "", 0
-                raise RankLeaseError(f"rank {rank_id} released epoch {epoch}, which node {self.config.node_id} "
-                                     "does not hold: acquire the permit first")
-            lease.move(RankState.RELEASING, f"Release epoch {epoch}")  # refused (unchanged) unless RUNNING
-            lease.host_bytes = max(0, state_host_bytes)
-            job.released[rank_id] = duration_s
-            pending = [r.rank_id for r in job.live_ranks() if r.rank_id not in job.released]
-            lead = not pending and not job.releasing
-            if lead:
-                job.releasing = True
-            else:
-                while job.last_released_epoch < epoch:
-                    if job.aborted:
-                        raise JobAbortedError(f"{job.aborted}; stop this rank too")
-                    self._cv.wait(0.5)
-                if lease.state is RankState.RELEASING:
-                    lease.move(RankState.IDLE, "node released")
-                return False, "", 0
-            permit, durations = job.permit, dict(job.released)
-            pids = [r.pid for r in job.live_ranks()]
-            # no rank ran longer than the permit has been on this node: a rank's clock cannot say otherwise
-            duration = min(max(durations.values()), max(0.0, time.time() - job.granted_at))
-        try:
-            self._wait_gpu_memory(job.name, pids)
-            nxt_phase, nxt_it = job.client.release(permit, duration)
-        finally:
-            with self._cv:
-                job.permit, job.releasing, job.released = None, False, {}
-                job.last_released_epoch = max(job.last_released_epoch, epoch)
-                for r in job.live_ranks():
-                    if r.state is RankState.RELEASING:
-                        r.move(RankState.IDLE, "node released")
-                self._cv.notify_all()
-        self._record("released", job=job.name, phase=permit.phase.value, iteration=permit.iteration, epoch=epoch,
-                     duration_s=round(duration, 6), ranks=len(durations))
-        return True, nxt_phase.value, nxt_it
-
-    def _wait_gpu_memory(self, job: str, pids: list[int]) -> None:
-        """Wait (bounded) until the job's processes hold at most the configured GPU memory."""
-        limit, deadline = self.config.gpu_mem_limit_bytes, time.monotonic() + self.config.memory_wait_s
-        while True:
-            used = self.gpu.process_memory_bytes(pids)
-            if used is None or used <= limit:
-                return
-            if time.monotonic() > deadline:
-                log.warning("job %s still holds %d GPU bytes (limit %d) after %.0fs; releasing the node anyway",
-                            job, used, limit, self.config.memory_wait_s)
-                self._record("gpu_memory_not_freed", job=job, used_bytes=used, limit_bytes=limit)
-                return
-            time.sleep(0.05)
-
-    def progress(self, rank_id: str, epoch: int, finished: int, total: int, *, conn: str = "") -> Migration | None:
-        """Forward rollout progress; returns the coordinator's migration directive, if any."""
-        with self._cv:
-            _, job = self._rank(rank_id, conn)
-            permit = job.permit
-        if permit is None or permit.epoch != epoch:
-            return None
-        return job.client.report_progress(permit, finished, total)
-
+    # ----------------------------------------------------------------------------------- relocation
     def relocate(self, rank_id: str, epoch: int, *, conn: str = "") -> tuple[Relocation, str]:
         """Acknowledge the job's relocation directive `epoch` at the coordinator (any local rank may).
 
@@ -603,4 +352,4 @@ class NodeAgent:
         log.info("%s %s", event, fields)
 
 
-__all__ = ["AgentConfig", "LocalJob", "NodeAgent"]
+__all__ = ["AgentConfig", "LocalJob", "NodeAgent"]  # AgentConfig, LocalJob: re-exported from agent_records

@@ -1,0 +1,54 @@
+"""The node agent's records: its knobs (:class:`AgentConfig`) and one job's state on the node (:class:`LocalJob`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rollmux.coordinator.service.client import JobClient, Permit
+from rollmux.model import Pool
+from rollmux.sidecar.api import PHASES, RankLease
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """Knobs of one node agent."""
+
+    node_id: str  # the node's id at the coordinator
+    pool: Pool  # the node's pool
+    gpu_mem_limit_bytes: int = 512 << 20  # a job's processes may keep this much GPU memory after a phase
+    memory_wait_s: float = 30.0  # how long to wait for the job's GPU memory to drop before releasing anyway
+    heartbeat_s: float = 0.5  # heartbeat period on the coordinator stream (renews running leases)
+    event_log: str | None = None  # JSON-lines file of node events (grants, releases, rank deaths)
+
+    def __post_init__(self) -> None:
+        if self.gpu_mem_limit_bytes < 0:
+            raise ValueError(f"gpu_mem_limit_bytes={self.gpu_mem_limit_bytes} must be >= 0")
+        if self.heartbeat_s <= 0:
+            raise ValueError(f"heartbeat_s={self.heartbeat_s} must be > 0")
+
+
+@dataclass(slots=True, kw_only=True)
+class LocalJob:
+    """One job's ranks on this node and its current permit here (guarded by the agent's lock)."""
+
+    name: str
+    client: JobClient
+    ranks: dict[str, RankLease] = field(default_factory=dict)
+    permit: Permit | None = None  # granted on this node, not yet released
+    acquiring: tuple[str, int] | None = None  # (phase, iteration) a rank is asking the coordinator for
+    releasing: bool = False  # the last local rank is releasing the node
+    released: dict[str, float] = field(default_factory=dict)  # rank_id -> its phase duration, s
+    last_released_epoch: int = 0
+    granted_at: float = 0.0  # wall time the current permit reached this node
+    aborted: str | None = None  # why the job stopped on this node (a rank died, ...)
+
+    def live_ranks(self) -> list[RankLease]:
+        return [r for r in self.ranks.values() if r.live]
+
+
+def phase_key(phase: str, iteration: int) -> tuple[int, int]:
+    """On-policy order of (`phase`, `iteration`): compare two keys to tell which phase comes first."""
+    return iteration, PHASES.index(phase)
+
+
+__all__ = ["AgentConfig", "LocalJob", "phase_key"]
