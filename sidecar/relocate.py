@@ -27,6 +27,8 @@ from collections.abc import Callable
 from rollmux.model import Relocation, RelocationState
 from rollmux.sidecar import env
 from rollmux.sidecar.api import RankLeaseError, ShimConfigError
+from rollmux.sidecar.shim_runtime import Runtime
+from rollmux.sidecar.shim_transport import rpc
 
 POLL_S = 0.05
 
@@ -78,7 +80,7 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
                              "boundary, outside rollmux.phase")
     deadline = time.monotonic() + wait_s
     while True:
-        resp = shim._rpc(rt, "Relocate", spb.RelocateRequest(rank_id=rt.rank_id, epoch=d.epoch), 30.0)  # noqa: SLF001
+        resp = rpc(rt, "Relocate", spb.RelocateRequest(rank_id=rt.rank_id, epoch=d.epoch), 30.0)
         d = relocation_from_pb(resp.directive)
         rt.relocation = d
         if d.state is not RelocationState.PENDING or time.monotonic() >= deadline:
@@ -111,7 +113,7 @@ def _reattach(rt: object, node: str) -> object:
     """Detach from this node's sidecar and attach to `node`'s, keeping counters, state and directives."""
     from rollmux.sidecar import shim
 
-    assert isinstance(rt, shim._Runtime)  # noqa: SLF001
+    assert isinstance(rt, Runtime)
     template = os.environ.get(env.SIDECAR_SOCKET_TEMPLATE, "")
     if "{node}" not in template:
         raise ShimConfigError(f"job {rt.job!r} rank {rt.rank} was relocated to node {node!r}, but "
@@ -129,9 +131,7 @@ def _reattach(rt: object, node: str) -> object:
 
 
 def _log(rt: object, d: Relocation, old_node: str) -> None:
-    from rollmux.sidecar import shim
-
-    assert isinstance(rt, shim._Runtime)  # noqa: SLF001
+    assert isinstance(rt, Runtime)
     if not rt.event_log:
         return
     rec = {"job": rt.job, "rank": rt.rank, "event": "relocated", "epoch": d.epoch, "from_group": d.from_group,

@@ -36,93 +36,37 @@ Relocation (regrouping): a directive from the Attach stream is kept on the runti
 (``rollmux.sidecar.relocate``).
 
 The shim always talks to the local sidecar socket; there is no direct-to-coordinator mode.
+
+This module is the public API and the process's opt-in state; its parts: the runtime records and
+lease loss in :mod:`rollmux.sidecar.shim_runtime`, the sidecar connection in
+:mod:`rollmux.sidecar.shim_transport`, phase entry and exit in :mod:`rollmux.sidecar.shim_phases`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import json
 import os
-import sys
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rollmux.model import Lease, Migration, Phase, Relocation
+from rollmux.model import Migration
 from rollmux.sidecar import env, registration
-from rollmux.sidecar.api import (
-    PHASES,
-    JobAbortedError,
-    LeaseLostError,
-    PermitWaitTimeoutError,
-    RankLeaseError,
-    ShimConfigError,
-    SidecarError,
-    SidecarUnreachableError,
-    phase_pool,
-)
+from rollmux.sidecar.api import PHASES, LeaseLostError, ShimConfigError, SidecarError, phase_pool
 from rollmux.sidecar.registration import Registration, RegistrationError, register
+from rollmux.sidecar.shim_phases import enter_phase, exit_phase, leave_phase
+from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
+from rollmux.sidecar.shim_transport import attach, rpc
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_PERMIT_TIMEOUT_S = 600.0
 
-_runtime: _Runtime | None = None
+_runtime: Runtime | None = None
 _resolved = False  # the opt-in was looked at (init ran, explicitly or lazily)
 _init_lock = threading.Lock()
-
-
-# ---------------------------------------------------------------------------------------- records
-
-
-@dataclass(slots=True, kw_only=True)
-class PhaseContext:
-    """One running phase in this rank (what ``with rollmux.phase(...) as ctx`` binds)."""
-
-    phase: str
-    iteration: int
-    owner: bool  # True: this rank holds the permit; False: follower (permit held on the other pool)
-    lease: Lease | None  # the permit (None for a follower)
-    t_request: float  # wall time the rank asked for the permit
-    t_start: float = 0.0  # wall time the phase body started (after the state reload)
-    cpu_start: float = 0.0  # process CPU time at the start (phase CPU vs wall shows core contention)
-    reload_s: float = 0.0  # time spent reloading registered state
-    thread_id: int = 0  # the thread running the phase (stopped there on lease loss)
-    lost: str = ""  # why the permit was revoked ("" = it was not)
-    migration: Migration | None = None  # the long-tail migration directive for this rollout, if any
-    migration_taken: bool = False  # runtime_hook has returned it
-
-
-@dataclass(slots=True, kw_only=True)
-class _Runtime:
-    """The opted-in shim's connection and counters (one per process)."""
-
-    socket: str
-    job: str
-    token: str = field(repr=False)  # the job token (re-attaching after a relocation); never log it
-    rank: int
-    timeout_s: float
-    event_log: str | None
-    channel: Any
-    stub: Any
-    stream: Any
-    rank_id: str
-    node_id: str
-    pool: str
-    deployment: str | None = None  # the job's deployment mode: which pool's rank owns each phase (phase_pool)
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
-    current: PhaseContext | None = None
-    cache: Any = None  # rollmux.sidecar.state_cache.StateCache, created by register_state
-    lost: threading.Event = field(default_factory=threading.Event)  # permit revoked / job aborted
-    broken: str | None = None  # why the sidecar stream ended unexpectedly
-    closing: bool = False
-    migrations: list[Migration] = field(default_factory=list)
-    relocation: Relocation | None = None  # the job's latest relocation directive heard (rollmux.relocation)
-    relocated: set[int] = field(default_factory=set)  # directive epochs this rank has acted on
-    phase_lock: threading.Lock = field(default_factory=threading.Lock)  # guards `current` against the watcher
+_Runtime = Runtime  # the runtime's old name here (rollmux.sidecar.relocate)
+_rpc = rpc  # the unary call's old name here
 
 
 # ------------------------------------------------------------------------------------------- init
@@ -174,8 +118,8 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
         if rank is None:
             rank = int(os.environ.get(env.RANK) or os.environ.get("RANK") or 0)
         timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
-        _runtime = _attach(path, job, token, rank, timeout, event_log or os.environ.get(env.EVENT_LOG) or None,
-                           connect_timeout_s, _deployment(deployment, job))
+        _runtime = attach(path, job, token, rank, timeout, event_log or os.environ.get(env.EVENT_LOG) or None,
+                          connect_timeout_s, _deployment(deployment, job))
         _resolved = True
         return True
 
@@ -203,122 +147,11 @@ def _deployment(explicit: str | None, job: str) -> str | None:
     return mode
 
 
-def _unreachable(path: str, why: str) -> SidecarUnreachableError:
-    return SidecarUnreachableError(
-        f"RollMux is opted in ({env.SIDECAR_SOCKET}={path}) but {why}. Start the node sidecar there "
-        f"(`rollmux sidecar --coordinator HOST:PORT --pool rollout|train --socket {path}`), or unset "
-        f"{env.SIDECAR_SOCKET} to run without RollMux (the job never runs unscheduled on shared GPUs)")
-
-
-def _attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_log: str | None,
-            connect_timeout_s: float, deployment: str | None) -> _Runtime:
-    import grpc
-
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
-
-    if not os.path.exists(path):
-        raise _unreachable(path, "no sidecar socket exists at that path")
-    channel = grpc.insecure_channel(f"unix:{path}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
-    except grpc.FutureTimeoutError:
-        channel.close()
-        raise _unreachable(path, f"the socket did not accept a connection within {connect_timeout_s:g}s "
-                                 "(stale socket file: is the sidecar process running?)") from None
-    stub = spb_grpc.SidecarStub(channel)
-    stream = stub.Attach(spb.AttachRequest(job=job, job_token=token, rank=rank, pid=os.getpid()))
-    try:
-        first = next(stream)
-    except grpc.RpcError as exc:
-        channel.close()
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            raise _unreachable(path, f"the sidecar cannot attach this rank: {exc.details()}") from None
-        raise ShimConfigError(f"the sidecar at {path} refused job {job!r} rank {rank}: {exc.details()}") from None
-    rt = _Runtime(socket=path, job=job, token=token, rank=rank, timeout_s=timeout_s, event_log=event_log, channel=channel,
-                  stub=stub, stream=stream, rank_id=first.attached.rank_id, node_id=first.attached.node_id,
-                  pool=first.attached.pool, deployment=deployment)
-    threading.Thread(target=_watch, args=(rt,), name="rollmux-lease", daemon=True).start()
-    return rt
-
-
-def _watch(rt: _Runtime) -> None:
-    """Consume the Attach stream: revocations and migration directives; notice a lost sidecar."""
-    import grpc
-
-    try:
-        for ev in rt.stream:
-            kind = ev.WhichOneof("kind")
-            if kind == "revoked":
-                _lease_lost(rt, ev.revoked.epoch, ev.revoked.reason or "revoked by the coordinator")
-            elif kind == "migrate":
-                m = ev.migrate
-                directive = Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
-                                      release_nodes=tuple(m.release_nodes))
-                rt.migrations.append(directive)
-                cur = rt.current
-                if cur is not None and cur.lease is not None and cur.lease.epoch == m.epoch and cur.migration is None:
-                    cur.migration = directive
-            elif kind == "relocate":
-                from rollmux.proto.convert import relocation_from_pb
-
-                heard = relocation_from_pb(ev.relocate)
-                if rt.relocation is None or heard.epoch >= rt.relocation.epoch:
-                    rt.relocation = heard
-    except grpc.RpcError as exc:
-        if not rt.closing:
-            rt.broken = f"the sidecar stream ended: {exc.code().name} {exc.details()}"
-        return
-    if not rt.closing:
-        rt.broken = "the sidecar ended this rank's lease"
-
-
-def _lease_lost(rt: _Runtime, epoch: int, reason: str) -> None:
-    """The permit of the running phase was revoked: say so and stop the phase in its thread."""
-    with rt.phase_lock:
-        cur = rt.current
-        if cur is None or cur.lease is None or epoch not in (0, cur.lease.epoch) or cur.lost:
-            return
-        cur.lost = reason
-        rt.lost.set()
-        print(f"rollmux: job {rt.job!r} rank {rt.rank}: the permit of {cur.phase}({cur.iteration}) epoch "
-              f"{cur.lease.epoch} was revoked ({reason}); stopping the phase (fenced: its results must not be "
-              "committed)", file=sys.stderr, flush=True)
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(cur.thread_id), ctypes.py_object(LeaseLostError))
-
-
-def _lost_error(rt: _Runtime, ctx: PhaseContext) -> LeaseLostError:
-    return LeaseLostError(f"job {rt.job!r} rank {rt.rank}: the permit of {ctx.phase}({ctx.iteration}) epoch "
-                          f"{ctx.lease.epoch if ctx.lease else 0} was revoked ({ctx.lost}); the phase was stopped "
-                          "and its results are fenced: do not commit them, acquire the phase again")
-
-
-def _active() -> _Runtime | None:
+def _active() -> Runtime | None:
     if _runtime is not None or _resolved:
         return _runtime
     init()  # lazily, from the environment
     return _runtime
-
-
-def _rpc(rt: _Runtime, method: str, request: Any, timeout_s: float) -> Any:
-    import grpc
-
-    if rt.broken:
-        raise _unreachable(rt.socket, rt.broken)
-    try:
-        return getattr(rt.stub, method)(request, timeout=timeout_s)
-    except grpc.RpcError as exc:
-        code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise PermitWaitTimeoutError(f"job {rt.job!r} rank {rt.rank}: {details or 'permit wait timed out'}") \
-                from None
-        if code == grpc.StatusCode.ABORTED:
-            raise JobAbortedError(details) from None
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
-            raise RankLeaseError(details) from None
-        if code == grpc.StatusCode.UNAVAILABLE:
-            raise _unreachable(rt.socket, f"the sidecar call {method} failed: {details}") from None
-        raise SidecarError(f"sidecar call {method} failed: {code.name} {details}") from None
 
 
 # ----------------------------------------------------------------------------------------- phases
@@ -353,20 +186,20 @@ class _Phase:
             self._ctx = None
             return None
         try:
-            self._ctx = _enter(rt, self.name, self.iteration)
+            self._ctx = enter_phase(rt, self.name, self.iteration)
         except LeaseLostError:  # revoked before the body ran: no __exit__ will follow
-            ctx = _leave(rt)
+            ctx = leave_phase(rt)
             if ctx is None:
                 raise
-            _exit(rt, ctx)
+            exit_phase(rt, ctx)
         return self._ctx
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._ctx is not None and _runtime is not None:
             self._ctx = None
-            ctx = _leave(_runtime)
+            ctx = leave_phase(_runtime)
             if ctx is not None:
-                _exit(_runtime, ctx)
+                exit_phase(_runtime, ctx)
 
 
 def phase(name: str, *, iteration: int | None = None) -> _Phase:
@@ -400,83 +233,6 @@ class _NoopPhase(_Phase):
 _NOOP_PHASES = {p: _NoopPhase(p, None) for p in PHASES}
 
 
-def _enter(rt: _Runtime, name: str, iteration: int | None) -> PhaseContext:
-    from rollmux.proto import sidecar_v1_pb2 as spb
-
-    if rt.current is not None:
-        raise RankLeaseError(f"rollmux.phase({name!r}) entered inside phase {rt.current.phase!r}: phases do "
-                             "not nest; end the first one before starting the next")
-    it = rt.counters[name] if iteration is None else iteration
-    owner = phase_pool(name, rt.deployment) == rt.pool
-    ctx = PhaseContext(phase=name, iteration=it, owner=owner, lease=None, t_request=time.time())
-    if owner:
-        resp = _rpc(rt, "Acquire", spb.AcquireRequest(rank_id=rt.rank_id, phase=name, iteration=it,
-                                                       timeout_s=rt.timeout_s), rt.timeout_s + 30.0)
-        ls = resp.lease
-        ctx.lease = Lease(job=ls.job, phase=Phase(ls.phase), iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
-                          ttl_s=ls.ttl_s)
-    rt.lost.clear()
-    t0 = time.time()
-    if rt.cache is not None:
-        rt.cache.reload()
-    ctx.t_start = time.time()
-    ctx.cpu_start = time.process_time()
-    ctx.reload_s = ctx.t_start - t0
-    ctx.thread_id = threading.get_ident()
-    rt.current = ctx
-    return ctx
-
-
-def _leave(rt: _Runtime) -> PhaseContext | None:
-    """Take the running phase off the watcher's hands; a stop it already sent lands here, not later."""
-    while True:
-        try:
-            with rt.phase_lock:
-                ctx, rt.current = rt.current, None
-            return ctx
-        except LeaseLostError:
-            continue  # the watcher's stop arrived as the phase ended: it is recorded on ctx.lost
-
-
-def _exit(rt: _Runtime, ctx: PhaseContext) -> None:
-    """End the phase: offload its state, release its permit (unless it was revoked: then raise)."""
-    from rollmux.proto import sidecar_v1_pb2 as spb
-
-    t_body = time.time()
-    cpu_s = time.process_time() - ctx.cpu_start
-    host_bytes = 0
-    if rt.cache is not None:
-        rt.cache.offload()
-        host_bytes = int(rt.cache.host_bytes())
-    t_end = time.time()
-    if ctx.lost:  # fenced: the epoch is stale, nothing to release; the phase did not happen
-        _log_phase(rt, ctx, t_body, cpu_s, t_end)
-        raise _lost_error(rt, ctx)
-    rt.counters[ctx.phase] = ctx.iteration + 1
-    if ctx.lease is not None:
-        _rpc(rt, "Release", spb.ReleaseRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
-                                                duration_s=t_end - ctx.t_start + ctx.reload_s,
-                                                state_host_bytes=host_bytes), rt.timeout_s + 30.0)
-    _log_phase(rt, ctx, t_body, cpu_s, t_end)
-
-
-def _log_phase(rt: _Runtime, ctx: PhaseContext, t_body: float, cpu_s: float, t_end: float) -> None:
-    if not rt.event_log:
-        return
-    rec = {"job": rt.job, "rank": rt.rank, "node": rt.node_id, "pool": rt.pool, "phase": ctx.phase,
-           "iteration": ctx.iteration, "owner": ctx.owner, "epoch": ctx.lease.epoch if ctx.lease else 0,
-           "t_request": round(ctx.t_request, 6), "t_start": round(ctx.t_start - ctx.reload_s, 6),
-           "t_body_end": round(t_body, 6), "body_cpu_s": round(cpu_s, 6), "t_end": round(t_end, 6),
-           "t_released": round(time.time(), 6)}
-    if ctx.lost:
-        rec["lost"] = ctx.lost  # revoked and stopped: never released, its results fenced
-    fd = os.open(rt.event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(rec) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
 # ------------------------------------------------------------------------------- progress / state
 
 
@@ -493,11 +249,11 @@ def runtime_hook(finished: int, total: int) -> Migration | None:
     if rt is None or ctx is None or ctx.lease is None or ctx.phase != "rollout":
         return None
     if ctx.lost:
-        raise _lost_error(rt, ctx)
+        raise lost_error(rt, ctx)
     from rollmux.proto import sidecar_v1_pb2 as spb
 
-    resp = _rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
-                                                     finished=finished, total=total), 30.0)
+    resp = rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
+                                                    finished=finished, total=total), 30.0)
     if resp.HasField("migrate") and ctx.migration is None:
         m = resp.migrate
         ctx.migration = Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
@@ -554,7 +310,7 @@ def shutdown(*, job_done: bool = False) -> None:
 
     rt.closing = True
     try:
-        _rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
+        rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
     except SidecarError:
         pass  # the sidecar is gone: the lease ended with it
     finally:
@@ -575,7 +331,7 @@ class RankHandle:
     job's rollout permit is held on a rollout node) takes the rollout pool's permit through one.
     """
 
-    def __init__(self, rt: _Runtime) -> None:
+    def __init__(self, rt: Runtime) -> None:
         self._rt = rt
 
     @property
@@ -585,13 +341,13 @@ class RankHandle:
 
     def enter(self, name: str, iteration: int) -> PhaseContext:
         """Block until this rank's permit for `name` of `iteration` is granted (or follow it)."""
-        return _enter(self._rt, name, iteration)
+        return enter_phase(self._rt, name, iteration)
 
     def exit(self, ctx: PhaseContext) -> None:
         """End the phase: release the permit with its measured duration."""
-        current = _leave(self._rt)
+        current = leave_phase(self._rt)
         if current is not None:
-            _exit(self._rt, current)
+            exit_phase(self._rt, current)
 
     def close(self, *, job_done: bool = False) -> None:
         """Detach this rank (ends its lease cleanly). Idempotent."""
@@ -602,7 +358,7 @@ class RankHandle:
             return
         rt.closing = True
         try:
-            _rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
+            rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
         except SidecarError:
             pass  # the sidecar is gone: the lease ended with it
         finally:
@@ -620,8 +376,8 @@ def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_time
         ShimConfigError: the sidecar refused the job or rank.
     """
     timeout = permit_timeout_s or float(os.environ.get(env.PERMIT_TIMEOUT_S) or DEFAULT_PERMIT_TIMEOUT_S)
-    return RankHandle(_attach(socket, job, job_token, rank, timeout, event_log, connect_timeout_s,
-                              _deployment(deployment, job)))
+    return RankHandle(attach(socket, job, job_token, rank, timeout, event_log, connect_timeout_s,
+                             _deployment(deployment, job)))
 
 
 __all__ = ["PhaseContext", "RankHandle", "Registration", "RegistrationError", "attach_rank", "enabled", "init",
