@@ -210,9 +210,13 @@ class Jobs:
 
     def kill(self, run: Run, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL one of `run`'s processes and record it (its open phase ends now). Hold `lock`."""
+        # The interval ends when the signal is sent: the next holder can start only once the node's
+        # sidecar has seen the process die, which is after the send. Read after the send, this thread
+        # may be descheduled first on a loaded machine and stretch the interval over the next holder's
+        # start (a 0.26 ms false overlap in one CI-like run); the wait below may return later still.
+        t = time.time()
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGKILL)
-        t = time.time()  # it dies now; the wait below may return later on a loaded machine
         proc.wait()
         append_event(self.log, "killed", t=t, run=run.name, pid=proc.pid)
 
