@@ -56,6 +56,7 @@ from rollmux.sidecar.gpu import GpuProvider, host_dram_bytes
 
 log = logging.getLogger("rollmux.sidecar")
 
+
 class NodeAgent(PermitRelay):
     """The node's agent. Thread-safe: the gRPC server calls it from many threads.
 

@@ -21,6 +21,13 @@ from rollmux.sidecar.shim_transport import rpc
 
 
 def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:
+    """Start phase `name` of `iteration` (None: this rank's count of `name`): take the permit if this
+    rank's pool owns the phase, else follow; reload the registered state.
+
+    Raises:
+        RankLeaseError: a phase is running already (phases do not nest), or the sidecar refused.
+        PermitWaitTimeoutError, JobAbortedError, SidecarUnreachableError: as :func:`rpc` maps them.
+    """
     from rollmux.proto import sidecar_v1_pb2 as spb
 
     if rt.current is not None:
@@ -81,6 +88,7 @@ def exit_phase(rt: Runtime, ctx: PhaseContext) -> None:
 
 
 def log_phase(rt: Runtime, ctx: PhaseContext, t_body: float, cpu_s: float, t_end: float) -> None:
+    """Append the phase's record (one JSON line) to the runtime's event log, if it has one."""
     if not rt.event_log:
         return
     rec = {"job": rt.job, "rank": rt.rank, "node": rt.node_id, "pool": rt.pool, "phase": ctx.phase,

@@ -81,6 +81,7 @@ def lease_lost(rt: Runtime, epoch: int, reason: str) -> None:
 
 
 def lost_error(rt: Runtime, ctx: PhaseContext) -> LeaseLostError:
+    """The error a revoked phase ends with: its results are fenced."""
     return LeaseLostError(f"job {rt.job!r} rank {rt.rank}: the permit of {ctx.phase}({ctx.iteration}) epoch "
                           f"{ctx.lease.epoch if ctx.lease else 0} was revoked ({ctx.lost}); the phase was stopped "
                           "and its results are fenced: do not commit them, acquire the phase again")

@@ -26,6 +26,7 @@ from rollmux.sidecar.shim_runtime import Runtime, lease_lost
 
 
 def unreachable(path: str, why: str) -> SidecarUnreachableError:
+    """The error for a sidecar that does not answer at `path`, saying `why` and what to do."""
     return SidecarUnreachableError(
         f"RollMux is opted in ({env.SIDECAR_SOCKET}={path}) but {why}. Start the node sidecar there "
         f"(`rollmux sidecar --coordinator HOST:PORT --pool rollout|train --socket {path}`), or unset "
@@ -34,6 +35,12 @@ def unreachable(path: str, why: str) -> SidecarUnreachableError:
 
 def attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_log: str | None,
            connect_timeout_s: float, deployment: str | None) -> Runtime:
+    """Attach rank `rank` of `job` to the sidecar at `path` and start its Attach-stream watcher.
+
+    Raises:
+        SidecarUnreachableError: no socket, it does not accept, or the sidecar cannot attach the rank.
+        ShimConfigError: the sidecar refused the job or rank.
+    """
     import grpc
 
     from rollmux.proto import sidecar_v1_pb2 as spb
@@ -96,6 +103,13 @@ def watch(rt: Runtime) -> None:
 
 
 def rpc(rt: Runtime, method: str, request: Any, timeout_s: float) -> Any:
+    """Call the sidecar's unary `method`, mapping gRPC statuses to our errors.
+
+    Raises:
+        PermitWaitTimeoutError: DEADLINE_EXCEEDED. JobAbortedError: ABORTED.
+        RankLeaseError: FAILED_PRECONDITION. SidecarUnreachableError: UNAVAILABLE, or the stream broke.
+        SidecarError: any other status.
+    """
     import grpc
 
     if rt.broken:
