@@ -134,8 +134,9 @@ class CpuSampler:
         except (OSError, ValueError):
             return None
         steal = int(lines[0][8]) if len(lines[0]) > 8 else 0
-        # user nice system irq softirq of each service CPU (not idle, iowait, steal)
-        busy = sum(int(f[1]) + int(f[2]) + int(f[3]) + int(f[6]) + int(f[7]) for f in lines[1:]
+        # user, nice and system time of each service CPU: what processes ran there (irq and softirq time,
+        # mostly the service's own loopback traffic, is charged to no process, so it is left out)
+        busy = sum(int(f[1]) + int(f[2]) + int(f[3]) for f in lines[1:]
                    if self._cpus and int(f[0][3:]) in self._cpus)
         return steal, busy - own
 
