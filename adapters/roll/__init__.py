@@ -15,16 +15,17 @@ Disaggregated jobs (actor_train and actor_infer on different devices) sync weigh
 under the Rollout permit (:mod:`.weight_sync`); their vLLM / SGLang engines release GPU memory
 between rollouts as colocated ones do (:mod:`.workers`).
 
-An operator-registered RLVR job honours a relocation directive through ROLL's own checkpoint and
-resume (``do_checkpoint`` is wrapped; :mod:`.relocation`): it checkpoints at a step's end, acknowledges
-after the next ``model_update`` (Sync), and exits 75 for a restart on its new nodes.
+An RLVR or agentic job honours a relocation directive through ROLL's own checkpoint and resume
+(``do_checkpoint`` is wrapped; :mod:`.relocation`): it checkpoints at a step's end (an agentic job's
+rollout schedulers' position too, :mod:`.rollout_state`), acknowledges after the next ``model_update``
+(Sync), and exits 75 for a restart on its new nodes.
 """
 
 from __future__ import annotations
 
 from rollmux.adapters.common.api import PatchTarget
 from rollmux.adapters.common.patching import Patcher
-from rollmux.adapters.roll import driver, weight_sync, workers
+from rollmux.adapters.roll import driver, rollout_state, weight_sync, workers
 from rollmux.adapters.roll.driver import permit_log, progress_log
 
 SUPPORTED_COMMITS = ("8eb27cc2",)
@@ -38,6 +39,7 @@ _AGENTIC = "roll.pipeline.agentic.agentic_pipeline"
 _SCHED = "roll.distributed.scheduler.generate_scheduler"
 _MUG = "roll.distributed.executor.model_update_group"
 _WORKER = "roll.pipeline.base_worker"
+_ROLLOUT = "roll.distributed.scheduler.rollout_scheduler"
 
 TARGETS = (
     PatchTarget(module="roll.distributed.scheduler.initialize", attribute="init", wrapper=driver.wrap_init),
@@ -52,8 +54,9 @@ TARGETS = (
     PatchTarget(module=_SCHED, attribute="DynamicSamplingScheduler.get_batch_opt_level_0",
                 wrapper=workers.wrap_batch_rollout),
     PatchTarget(module=_SCHED, attribute="ReplayBuffer.get_batch", wrapper=workers.wrap_replay_get_batch),
-    PatchTarget(module="roll.distributed.scheduler.rollout_scheduler", attribute="RolloutScheduler._get_batch_impl",
-                wrapper=workers.wrap_agentic_batch),
+    PatchTarget(module=_ROLLOUT, attribute="RolloutScheduler._get_batch_impl", wrapper=workers.wrap_agentic_batch),
+    PatchTarget(module=_ROLLOUT, attribute="RolloutScheduler._run_rollout_loop",
+                wrapper=rollout_state.wrap_rollout_loop),
     PatchTarget(module="roll.distributed.strategy.vllm_strategy", attribute="VllmStrategy.offload_states",
                 wrapper=workers.wrap_vllm_offload),
     PatchTarget(module="roll.distributed.strategy.sglang_strategy", attribute="SgLangStrategy.offload_states",

@@ -188,6 +188,7 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
     session.relocator = relocation.prepare(cfg, session.identity.job, session.identity.relayed, session.tracker)
     result = wrapped(*args, **kwargs)
     relocation.check_resumed(session.relocator, instance)
+    relocation.resume_rollout(session.relocator, instance)  # agentic: before the first rollout
     timeout = os.environ.get(env.PERMIT_TIMEOUT_S)
     session.gates = start_gates(
         sockets={"rollout": rollout_socket, "train": socket_path()}, job=session.identity.job,

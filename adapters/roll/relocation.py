@@ -1,4 +1,4 @@
-"""Honouring a relocation directive in an unmodified ROLL RLVR job: ROLL's checkpoint, exit, restart, resume.
+"""Honouring a relocation directive in an unmodified ROLL RLVR or agentic job: ROLL's checkpoint, exit, restart, resume.
 
 A ROLL job's devices are held by its clusters' Ray workers on the nodes it started on, so the job
 moves the way ROLL resumes (docs/roll.md, "Relocation"; the shared part is
@@ -8,7 +8,9 @@ inside Train(i); its step i+1 opens with ``model_update``, Sync(i); then Rollout
 1. At ``do_checkpoint(i)``, with a directive pending (the train gate's shim holds it) that the job can
    honour, ROLL's own checkpoint is forced for step i (its ``save_steps`` test is met for that call,
    and ``is_last_step=True`` makes ROLL save and upload synchronously; the workers' upload threads
-   are drained): ``checkpoint_config.output_dir/checkpoint-<i>``. The nodes are still the job's.
+   are drained): ``checkpoint_config.output_dir/checkpoint-<i>``. The nodes are still the job's. An
+   ``AgenticPipeline``'s rollout position (loop seeds, episode counters) goes into that checkpoint's
+   ``WorkerState.kv`` (:mod:`.rollout_state`).
 2. ROLL runs ``model_update``, Sync(i). At its end, once the Sync permit is released and before
    Rollout(i+1) is asked for, the driver acknowledges through the train gate.
 3. Switched: the driver writes :data:`MARKER` in ``checkpoint_config.output_dir`` and stops ``run()``
@@ -21,19 +23,20 @@ inside Train(i); its step i+1 opens with ``model_update``, Sync(i); then Rollout
    driver's memory and the gate actors'). The driver finds the marker and points
    ``resume_from_checkpoint`` at that checkpoint (``true`` would look only in the new run's own
    folder); ROLL skips steps 0..i, and its first step's ``model_update`` (the checkpointed weights
-   pushed to the fresh actor_infer) runs under Rollout(i+1).
+   pushed to the fresh actor_infer) runs under Rollout(i+1). An ``AgenticPipeline``'s rebuilt rollout
+   schedulers get the saved position back before that Rollout (:func:`resume_rollout`).
 
-Declined (recorded once, the directive expires, the job keeps its place): an ``AgenticPipeline`` (ROLL
-does not checkpoint its rollout scheduler's episode counters and seed), a
-``checkpoint_config`` whose ``type`` is not ``file_system``, a ``resume_from_checkpoint`` naming a
-fixed checkpoint, and the last step. At step 0 the job waits for the next step's end (ROLL never
-checkpoints step 0).
+Declined (recorded once, the directive expires, the job keeps its place): a pipeline other than
+``RLVRPipeline`` and ``AgenticPipeline``, a ``checkpoint_config`` whose ``type`` is not ``file_system``,
+a ``resume_from_checkpoint`` naming a fixed checkpoint, and the last step. At step 0 the job waits for
+the next step's end (ROLL never checkpoints step 0).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -53,6 +56,7 @@ from rollmux.adapters.common.relocation import (
     write_marker,
 )
 from rollmux.adapters.common.relocation import restart_name as common_restart_name
+from rollmux.adapters.roll import rollout_state
 
 
 @dataclass(slots=True, kw_only=True)
@@ -120,6 +124,8 @@ def prepare(cfg: Any, job: str, relayed: bool, tracker: Any) -> Relocator:
             raise AdapterError(f"RollMux: job {job!r} was relocated at iteration {marker['iteration']} and must resume "
                                f"from {ours}, but resume_from_checkpoint={given}: set it to true or leave it unset")
         cfg.resume_from_checkpoint = ours  # `true` would look in this run's own (new, empty) folder
+        if _agentic_config(cfg):
+            rollout_state.restore_config(cfg, ours, job)  # env group seeds, before ROLL builds the env managers
         tracker.resume_at(int(marker["iteration"]), int(marker["step"]))
         r.resumed = marker
     exit_on_relocation(r.marker, r.run)  # ray.init ran (initialize.init): Ray's handler runs after this one
@@ -140,6 +146,30 @@ def check_resumed(r: Relocator, pipeline: Any) -> None:
                            f"resumed after step {step}: restart it with the same checkpoint_config.output_dir")
 
 
+def _agentic(pipeline: Any) -> bool:
+    """Whether `pipeline` is an ``AgenticPipeline`` (an RLVR driver never imports that module: nor does this)."""
+    module = sys.modules.get("roll.pipeline.agentic.agentic_pipeline")
+    return module is not None and isinstance(pipeline, module.AgenticPipeline)
+
+
+def _agentic_config(cfg: Any) -> bool:
+    module = sys.modules.get("roll.pipeline.agentic.agentic_config")
+    return module is not None and isinstance(cfg, module.AgenticConfig)
+
+
+def resume_rollout(r: Relocator, pipeline: Any) -> None:
+    """After ROLL loaded the relocation checkpoint, before the first rollout: an agentic job's rebuilt
+    rollout schedulers continue where the moved run's stopped (:func:`rollout_state.restore`).
+
+    Raises:
+        AdapterError: the checkpoint lacks the saved position, or the env groups differ.
+    """
+    if r.resumed is None or not _agentic(pipeline):
+        return
+    saved = rollout_state.restore(pipeline, r.job)
+    record("relocation_rollout_restored", job=r.job, step=r.resumed["step"], rollout=saved)
+
+
 def resumed(r: Relocator, iteration: int) -> None:
     """The coordinator granted the resumed Rollout on the new nodes: the move is done."""
     if r.resumed is not None and iteration == int(r.resumed["iteration"]):
@@ -154,10 +184,9 @@ def why_not(r: Relocator, pipeline: Any, step: int) -> str | None:
 
     if not r.marker:
         return r.reason
-    if not isinstance(pipeline, RLVRPipeline):
-        return (f"{type(pipeline).__name__}: ROLL's checkpoint holds RLVRPipeline's data position but not an agentic "
-                "rollout scheduler's episode counters and seed, so a restart would not continue its rollouts "
-                "(docs/roll.md, Relocation)")
+    if not isinstance(pipeline, RLVRPipeline) and not _agentic(pipeline):
+        return (f"{type(pipeline).__name__}: the adapter saves the rollout position of RLVRPipeline (ROLL's own "
+                "scheduler state) and AgenticPipeline only (docs/roll.md, Relocation)")
     cfg = pipeline.pipeline_config
     given = getattr(cfg, "resume_from_checkpoint", False)
     if isinstance(given, str) and os.path.abspath(given) != os.path.abspath(_checkpoint(cfg, step)):
@@ -185,16 +214,19 @@ def at_checkpoint(r: Relocator, gates: Any, wrapped: Any, pipeline: Any, args: t
         record("relocation_declined", job=r.job, epoch=d.epoch, step=step, reason=reason)
         return wrapped(*args, **kwargs)
     cfg, t0 = pipeline.pipeline_config, time.perf_counter()
-    saved = cfg.save_steps
+    saved, agentic = cfg.save_steps, _agentic(pipeline)
     cfg.save_steps = step  # ROLL saves when global_step % save_steps == 0
     try:
+        rollout = rollout_state.save(pipeline) if agentic else None  # into state.kv, which ROLL writes now
         result = wrapped(global_step=step, is_last_step=True)  # last: ROLL saves and uploads synchronously
     finally:
         cfg.save_steps = saved
+        if agentic:
+            rollout_state.forget(pipeline)
     _drain_uploads(pipeline)
     r.pending = (d.epoch, step)
     record("relocation_checkpoint", job=r.job, epoch=d.epoch, step=step, checkpoint=_checkpoint(cfg, step),
-           seconds=round(time.perf_counter() - t0, 6))
+           seconds=round(time.perf_counter() - t0, 6), **({"rollout": rollout} if agentic else {}))
     return result
 
 

@@ -5,7 +5,8 @@
 Same tiny model and stand-ins as ``run_rlvr.py``. Actions come from ROLL's "random" LLM proxy (the
 hf_infer worker has no request path); actor_infer is still built, offloaded, reloaded and updated
 every step, and actor_train runs for real. No reference model (KL coefficient 0), as in ``run_rlvr.py``:
-one process fewer per job. Same command line as ``run_rlvr.py`` (``--start-file`` included).
+one process fewer per job. Same command line as ``run_rlvr.py`` (``--start-file`` included). Each step's
+trajectory groups (episode ids and loop seeds) go to ``WORKDIR/trajectories.jsonl``.
 """
 
 from __future__ import annotations
@@ -73,10 +74,35 @@ def build(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def _agentic_pipeline() -> type:
-    from roll.pipeline.agentic.agentic_pipeline import AgenticPipeline
+TRAJECTORIES = "trajectories.jsonl"
+"""In the job's workdir: one line per rollout (train, and val at step 0), the ``traj_group_id``s
+(``<tag>_<group>_<episode>_<seed>``) of its batch, appended as it returns (a restarted run appends to the same file)."""
 
-    return AgenticPipeline
+
+def record_trajectories(module: Any, path: Path) -> None:
+    """Wrap ``dump_rollout_trajectories(path, global_step, batch)``, which ``AgenticPipeline.run`` calls once
+    per step with the step's batch (and from ``val`` in its executor thread with the val batch): append the batch's
+trajectory groups to `path` first."""
+    import json
+    import threading
+
+    original = module.dump_rollout_trajectories
+
+    def dump(dump_dir: Any, global_step: int, batch: Any) -> Any:
+        groups = sorted(set(batch.non_tensor_batch["traj_group_id"].tolist()))
+        mode = "train" if threading.current_thread() is threading.main_thread() else "val"  # val: executor thread
+        with path.open("a") as f:
+            f.write(json.dumps({"step": int(global_step), "mode": mode, "traj_group_ids": groups}) + "\n")
+        return original(dump_dir, global_step, batch)
+
+    module.dump_rollout_trajectories = dump
+
+
+def _agentic_pipeline(workdir: Path) -> type:
+    from roll.pipeline.agentic import agentic_pipeline
+
+    record_trajectories(agentic_pipeline, workdir / TRAJECTORIES)
+    return agentic_pipeline.AgenticPipeline
 
 
 def main() -> int:
@@ -86,7 +112,7 @@ def main() -> int:
 
     args = parser(__doc__, "agentic").parse_args()
     assets.build(Path(args.assets))
-    return run_pipeline(args, build(args), _agentic_pipeline)
+    return run_pipeline(args, build(args), lambda: _agentic_pipeline(Path(args.workdir)))
 
 
 if __name__ == "__main__":
