@@ -106,8 +106,10 @@ class CpuSampler:
     On a shared VM the host may run other guests on our vCPUs, and other tenants' processes may run
     on the service's CPUs however it is pinned; the service stalls then, and no code in it can tell.
     Sampling both beside the asks tells such stalls apart from the service's own (``summary``).
-    Figures are in the kernel's clock ticks (10 ms), so a sample's share is approximate; their sums
-    over the window are not.
+    Figures are in the kernel's clock ticks (10 ms). A CPU's busy ticks and a process's ticks are
+    counted by different clocks, so in one 10 ms sample the difference may read +1 and in the next -1
+    for the same work: other processes' time is therefore summed unclamped, and judged per 100 ms bin
+    (busy with others when they took 2 ticks or more of it, 20% of a CPU).
     """
 
     PERIOD_S = 0.01
@@ -157,23 +159,26 @@ class CpuSampler:
             due += self.PERIOD_S
             time.sleep(max(0.0, due - now))
             cur = self._ticks() or prev
-            self.samples.append((time.monotonic() - self._t_start, cur[0] - prev[0], max(0, cur[1] - prev[1])))
+            self.samples.append((time.monotonic() - self._t_start, cur[0] - prev[0], cur[1] - prev[1]))
             prev = cur
 
-    def _overlap(self, what: str, column: int, asks: list[tuple[float, float]], slow_s: float) -> str:
+    def _overlap(self, what: str, column: int, asks: list[tuple[float, float]], slow_s: float, *,
+                 bin_samples: int = 1, min_ticks: int = 1) -> str:
         tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-        hot = [t for t, *n in self.samples if n[column] > 0]
-        total_s = sum(n[column] for _, *n in self.samples) * tick_s
+        bins = [self.samples[i:i + bin_samples] for i in range(0, len(self.samples), bin_samples)]
+        hot = [b[-1][0] for b in bins if sum(x[1 + column] for x in b) >= min_ticks]  # bin end times
+        total_s = max(0, sum(x[1 + column] for x in self.samples)) * tick_s
+        bin_s = self.PERIOD_S * bin_samples
 
-        def hit(t0: float, lat: float) -> bool:  # a hot sample's 10 ms reach [t0, t0 + lat]
+        def hit(t0: float, lat: float) -> bool:  # a hot bin reaches [t0, t0 + lat]
             i = bisect.bisect_left(hot, t0)
-            return i < len(hot) and hot[i] - self.PERIOD_S <= t0 + lat
+            return i < len(hot) and hot[i] - bin_s <= t0 + lat
 
         slow = [(t, x) for t, x in asks if x > slow_s]
         slow_hit = sum(hit(t, x) for t, x in slow)
         all_hit = sum(hit(t, x) for t, x in asks)
-        return (f"{what}: {total_s * 1e3:.0f} ms of CPU over the window, in {len(hot)} of {len(self.samples)} "
-                f"10 ms samples; asks over {slow_s * 1e3:.0f} ms overlapping such a sample: {slow_hit} of {len(slow)}"
+        return (f"{what}: {total_s * 1e3:.0f} ms of CPU over the window, in {len(hot)} of {len(bins)} "
+                f"{bin_s * 1e3:.0f} ms bins; asks over {slow_s * 1e3:.0f} ms overlapping such a bin: {slow_hit} of {len(slow)}"
                 f" ({slow_hit / len(slow) * 100 if slow else 0:.0f}%; all asks: "
                 f"{all_hit / len(asks) * 100 if asks else 0:.1f}%)")
 
@@ -185,7 +190,7 @@ class CpuSampler:
         lines = [self._overlap("VM steal (the host ran others on our vCPUs)", 0, asks, slow_s)]
         if self._cpus:
             lines.append(self._overlap("other processes on the service's CPUs (this machine's other work)", 1,
-                                       asks, slow_s))
+                                       asks, slow_s, bin_samples=10, min_ticks=2))
         return "\n".join(lines)
 
 
