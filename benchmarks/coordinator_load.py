@@ -566,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ceiling", action="store_true",
                     help="then drive a stateless no-op gRPC server the same way: what this machine's gRPC "
                          "stack allows right now, beside the coordinator's figures")
+    ap.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio",
+                    help="the coordinator's event loop (`rollmux coordinator --event-loop`) [asyncio]")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of this run's processes, inherited by the service and the load generator "
                          "(default -10: other work on a shared machine yields to them; needs root or "
@@ -609,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         port, http_port = free_port(), free_port()
         server = subprocess.Popen([sys.executable, "-m", "rollmux", "coordinator", *store_args, "--listen",
                                    f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}", "--lease-ttl", "60",
-                                   "--log-level", "warning", "--heartbeat-interval", str(NODE_HEARTBEAT_S)],
+                                   "--log-level", "warning", "--heartbeat-interval", str(NODE_HEARTBEAT_S),
+                                   "--event-loop", args.event_loop],
                                   preexec_fn=lambda: pin_to(args.sut_cpus))
         args.metrics_url = f"http://127.0.0.1:{http_port}/metrics"
         procs.append(server)
@@ -699,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     client_cpu = sum(r["cpu_s"] for r in results) / args.seconds
     loop = "closed loop, zero think time" if not phase_s else f"each permit held {args.phase_ms:g} ms"
     print(f"coordinator load: {args.jobs} jobs ({loop}), mode={args.mode}, {args.clients} client process(es), "
-          f"store={store}, {os.cpu_count()} CPUs ({_pinning(args)}, {args.niceness}), load average {load0:.2f} -> {load1:.2f}, "
+          f"store={store}, event loop {args.event_loop}, {os.cpu_count()} CPUs ({_pinning(args)}, {args.niceness}), load average {load0:.2f} -> {load1:.2f}, "
           f"window {args.seconds:g} s after {learning_s(phase_s, args):g} s of learning iterations and "
           f"{args.warmup:g} s warm-up, setup {setup_s:.1f} s")
     streams_cpu = (cpu1[streams_pid] - cpu0[streams_pid]) / args.seconds
