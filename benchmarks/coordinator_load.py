@@ -69,6 +69,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -92,11 +93,16 @@ TARGET_SHARE = 0.95  # achieved / offered permit cycles/s
 TARGET_P99_S = 0.010
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU time of a process, in clock ticks (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) + int(fields[12])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    return cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 class CpuSampler:
@@ -128,11 +134,7 @@ class CpuSampler:
         try:
             with open("/proc/stat") as f:
                 lines = [ln.split() for ln in f if ln.startswith("cpu")]
-            own = 0
-            for pid in self._pids:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rpartition(")")[2].split()
-                own += int(fields[11]) + int(fields[12])
+            own = sum(cpu_ticks(pid) for pid in self._pids)
         except (OSError, ValueError):
             return None
         steal = int(lines[0][8]) if len(lines[0]) > 8 else 0
@@ -471,7 +473,7 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
                for s in shards]
     for w in workers:
         w.start()
-    steal = CpuSampler(t_measure, t_end, service_pids, args.sut_cpus).start()
+    sampler = CpuSampler(t_measure, t_end, service_pids, args.sut_cpus).start()
     time.sleep(max(0.0, t_measure - time.monotonic()))
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     load0 = os.getloadavg()[0]
@@ -489,8 +491,8 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
     results = [out.get(timeout=120) for _ in workers]
     for w in workers:
         w.join()
-    steal.join()
-    return cpu0, cpu1, load0, load1, results, steal
+    sampler.join()
+    return cpu0, cpu1, load0, load1, results, sampler
 
 
 TAIL_METRICS = ("rollmux_gc_pause_seconds", "rollmux_event_loop_lag_seconds", "rollmux_grant_latency_seconds")
@@ -573,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(default -10: other work on a shared machine yields to them; needs root or "
                          "CAP_SYS_NICE, else left as started; 0: as started)")
     args = ap.parse_args(argv)
+    if args.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        ap.error("--event-loop uvloop: uvloop is not installed (pip install rollmux[uvloop])")
     args.sut_cpus, args.load_cpus = cpu_split(args.pin)
     args.niceness = set_niceness(args.nice)
     pin_to(args.load_cpus)  # this driver is part of the load generator
@@ -649,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
 
         phase_s = args.phase_ms / 1000.0
-        cpu0, cpu1, load0, load1, results, steal = _drive(address, jobs, args, [*(p.pid for p in procs), streams.pid],
+        cpu0, cpu1, load0, load1, results, sampler = _drive(address, jobs, args, [*(p.pid for p in procs), streams.pid],
                                                    [p.pid for p in procs], redis_url)
         streams_pid = streams.pid
         ceiling = None
@@ -659,14 +663,14 @@ def main(argv: list[str] | None = None) -> int:
             noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready, args.sut_cpus), daemon=True)
             noop.start()
             ready.wait(30)
-            n0, n1, _, _, nres, nsteal = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid], [noop.pid])
+            n0, n1, _, _, nres, nsampler = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid], [noop.pid])
             noop.terminate()
             noop.join(5)
             nlat = [x for r in nres for x in r["lat"]]
             ceiling = {"cycles_per_s": sum(r["cycles"] for r in nres) / args.seconds, "p50_s": pct(nlat, 0.5),
                        "p99_s": pct(nlat, 0.99), "server_cpu": (n1[noop.pid] - n0[noop.pid]) / args.seconds,
                        "client_cpu": sum(r["cpu_s"] for r in nres) / args.seconds,
-                       "steal": nsteal.summary(sorted(a for r in nres for a in r["asks"]), TARGET_P99_S)}
+                       "steal": nsampler.summary(sorted(a for r in nres for a in r["asks"]), TARGET_P99_S)}
     finally:
         if streams is not None:
             streams.terminate()
@@ -723,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     lags = [x for r in results for x in r["loop_lags"]]
     print(f"client event loop late (10 ms samples) over 5 ms: {sum(x > 0.005 for x in lags)}, over 10 ms: "
           f"{sum(x > 0.010 for x in lags)}, worst {max(lags, default=0.0) * 1e3:.1f} ms")
-    print(steal.summary(sorted(a for r in results for a in r["asks"]), TARGET_P99_S))
+    print(sampler.summary(sorted(a for r in results for a in r["asks"]), TARGET_P99_S))
     print(f"{'metric':<34}{'RollMux':>12}{'paper proto':>14}{'ratio':>10}{'target':>10}")
     print(f"{'permit cycles/s offered':<34}{offered:>12,.0f}")
     share = rate / offered if phase_s else float("nan")

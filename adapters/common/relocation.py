@@ -44,7 +44,6 @@ BOUNDARY_WAIT_S = 5.0
 """How long the acknowledgement is retried while the coordinator has not yet seen the Sync release."""
 
 
-
 class JobRelocated(RollMuxError):
     """The job was switched to other nodes: it checkpointed and stops; restart it there (exit 75)."""
 
