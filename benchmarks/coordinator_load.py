@@ -69,7 +69,6 @@ import argparse
 import asyncio
 import bisect
 import contextlib
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -84,6 +83,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rollmux.chaos.procs import wait_port
+from rollmux.coordinator.service.event_loop import EventLoop, EventLoopUnavailable
+from rollmux.coordinator.service.event_loop import resolve as resolve_event_loop
 from rollmux.ports import free_port
 
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
@@ -568,15 +569,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ceiling", action="store_true",
                     help="then drive a stateless no-op gRPC server the same way: what this machine's gRPC "
                          "stack allows right now, beside the coordinator's figures")
-    ap.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio",
-                    help="the coordinator's event loop (`rollmux coordinator --event-loop`) [asyncio]")
+    ap.add_argument("--event-loop", choices=[e.value for e in EventLoop], default=EventLoop.AUTO.value,
+                    help="the coordinator's event loop (`rollmux coordinator --event-loop`): auto = uvloop "
+                         "where installed, as the coordinator's own default [auto]")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of this run's processes, inherited by the service and the load generator "
                          "(default -10: other work on a shared machine yields to them; needs root or "
                          "CAP_SYS_NICE, else left as started; 0: as started)")
     args = ap.parse_args(argv)
-    if args.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        ap.error("--event-loop uvloop: uvloop is not installed (pip install rollmux[uvloop])")
+    try:
+        args.event_loop = resolve_event_loop(args.event_loop).value  # printed as the loop that ran
+    except EventLoopUnavailable as exc:
+        ap.error(f"--{exc}")
     args.sut_cpus, args.load_cpus = cpu_split(args.pin)
     args.niceness = set_niceness(args.nice)
     pin_to(args.load_cpus)  # this driver is part of the load generator

@@ -22,6 +22,7 @@ from rollmux.coordinator.service import gc_tuning
 from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
+from rollmux.coordinator.service.event_loop import new_event_loop
 from rollmux.coordinator.service.http import ProbeServer
 from rollmux.coordinator.service.runtime import resolved_spec
 from rollmux.coordinator.service.runtime.state import live_policy_config
@@ -62,6 +63,7 @@ class ServerOptions:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     policy: str = "rollmux"  # placement policy by name (policy.api.ONLINE_POLICIES)
     max_group_size: int = 5  # most jobs per co-execution group
+    event_loop: str = "auto"  # event_loop.EventLoop by value: uvloop where installed, asyncio otherwise
 
 
 @dataclass(slots=True)
@@ -133,7 +135,8 @@ async def start(opts: ServerOptions, store: Store | None = None) -> Running:
         probes.start()
     await core.start()
     log.info("coordinator listening", extra={"grpc_port": port, "http_port": probes.port if probes else None,
-                                             "store": "redis" if opts.redis_url else "embedded"})
+                                             "store": "redis" if opts.redis_url else "embedded",
+                                             "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]})
     return Running(core=core, server=server, port=port, http=probes)
 
 
@@ -177,7 +180,7 @@ class ThreadedServer:
     """A coordinator on its own event loop in a daemon thread (tests, single-machine use)."""
 
     def __init__(self, opts: ServerOptions, store: Store | None = None) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop(opts.event_loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollmux-coordinator", daemon=True)
         self._thread.start()
         self.running: Running = self.call(start(opts, store))
