@@ -18,6 +18,9 @@ Design (printed with the figures):
   It holds every permit for --phase-ms (the phase "runs"; the paper prototype polls Redis every
   0.2 s, the default), then ends it and asks for the next phase, Rollout -> Train -> Sync ->
   Rollout, forever. Start times are spread over one phase so the load is steady, not in waves.
+- The load generator's processes run on the coordinator's event loop (--event-loop, uvloop by
+  default): one client process stands in for 2,000 jobs' shims on as many machines, so its own
+  lateness is the benchmark's, not the service's, and is printed apart (client event loop late).
 - --mode advance (default): one AdvancePermit call releases phase i and returns the grant of
   phase i+1 (one round trip, one commit). --mode acquire-release: ReleasePermit then
   AcquirePermit, two calls per phase (the API a shim without AdvancePermit uses).
@@ -85,6 +88,7 @@ from pathlib import Path
 from rollmux.chaos.procs import wait_port
 from rollmux.coordinator.service.event_loop import EventLoop, EventLoopUnavailable
 from rollmux.coordinator.service.event_loop import resolve as resolve_event_loop
+from rollmux.coordinator.service.event_loop import run as run_event_loop
 from rollmux.ports import free_port
 
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
@@ -250,7 +254,8 @@ def pin_to(cpus: set[int] | None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def _noop_server_proc(port: int, ready: mp.Event, cpus: set[int] | None = None) -> None:  # type: ignore[valid-type]
+def _noop_server_proc(port: int, ready: mp.Event, cpus: set[int] | None = None,  # type: ignore[valid-type]
+                      event_loop: str = "auto") -> None:
     """A stateless gRPC server answering every permit call with a grant at once (the --ceiling reference)."""
     pin_to(cpus)
     import grpc
@@ -287,7 +292,7 @@ def _noop_server_proc(port: int, ready: mp.Event, cpus: set[int] | None = None) 
         ready.set()
         await server.wait_for_termination()
 
-    asyncio.run(serve())
+    run_event_loop(serve(), event_loop)
 
 
 async def _client_main(address: str, jobs: list[Job], *, mode: str, phase_s: float, start_at: float,
@@ -425,9 +430,10 @@ def _quiet_heap() -> None:
     sys.setswitchinterval(gc_tuning.GIL_SWITCH_INTERVAL_S)
 
 
-def _node_streams_proc(address: str, node_ids: list[str], cpus: set[int] | None = None) -> None:
+def _node_streams_proc(address: str, node_ids: list[str], cpus: set[int] | None = None,
+                       event_loop: str = "auto") -> None:
     pin_to(cpus)
-    asyncio.run(_node_streams_main(address, node_ids))
+    run_event_loop(_node_streams_main(address, node_ids), event_loop)
 
 
 def _count(keys: Iterable[str]) -> dict[str, int]:
@@ -437,9 +443,10 @@ def _count(keys: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def _client_proc(address: str, jobs: list[Job], kw: dict, out: mp.Queue, cpus: set[int] | None = None) -> None:
+def _client_proc(address: str, jobs: list[Job], kw: dict, out: mp.Queue, cpus: set[int] | None = None,
+                 event_loop: str = "auto") -> None:
     pin_to(cpus)
-    asyncio.run(_client_main(address, jobs, out=out, **kw))
+    run_event_loop(_client_main(address, jobs, out=out, **kw), event_loop)
 
 
 def redis_commits(url: str | None) -> int | None:
@@ -470,7 +477,8 @@ def _drive(address: str, jobs: list[Job], args: argparse.Namespace, pids: list[i
           "keep_asks": True}
     out: mp.Queue = MP.Queue()
     shards = [jobs[k::args.clients] for k in range(args.clients)]
-    workers = [MP.Process(target=_client_proc, args=(address, s, kw, out, args.load_cpus), daemon=True)
+    workers = [MP.Process(target=_client_proc, args=(address, s, kw, out, args.load_cpus, args.event_loop),
+                          daemon=True)
                for s in shards]
     for w in workers:
         w.start()
@@ -570,8 +578,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="then drive a stateless no-op gRPC server the same way: what this machine's gRPC "
                          "stack allows right now, beside the coordinator's figures")
     ap.add_argument("--event-loop", choices=[e.value for e in EventLoop], default=EventLoop.AUTO.value,
-                    help="the coordinator's event loop (`rollmux coordinator --event-loop`): auto = uvloop "
-                         "where installed, as the coordinator's own default [auto]")
+                    help="the event loop of the coordinator (`rollmux coordinator --event-loop`) and of the "
+                         "load generator's processes (clients, node streams, the --ceiling server): auto = "
+                         "uvloop where installed, as the coordinator's own default [auto]")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of this run's processes, inherited by the service and the load generator "
                          "(default -10: other work on a shared machine yields to them; needs root or "
@@ -632,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
             client.register_node(f"r{i}", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12)
             client.register_node(f"t{i}", Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * 10**12)
         streams = MP.Process(target=_node_streams_proc, daemon=True,
-                             args=(address, [f"{p}{i}" for i in range(args.jobs) for p in "rt"], args.load_cpus))
+                             args=(address, [f"{p}{i}" for i in range(args.jobs) for p in "rt"], args.load_cpus,
+                                   args.event_loop))
         streams.start()
         while sum(n.state == "ready" for n in client.cluster_state().nodes) < 2 * args.jobs:
             if not streams.is_alive() or time.monotonic() - t0 > 120:
@@ -664,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ceiling:
             ready = MP.Event()
             noop_port = free_port()
-            noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready, args.sut_cpus), daemon=True)
+            noop = MP.Process(target=_noop_server_proc, args=(noop_port, ready, args.sut_cpus, args.event_loop),
+                              daemon=True)
             noop.start()
             ready.wait(30)
             n0, n1, _, _, nres, nsampler = _drive(f"127.0.0.1:{noop_port}", jobs, args, [noop.pid], [noop.pid])

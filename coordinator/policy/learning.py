@@ -87,7 +87,7 @@ class PhaseLearner:
             return None
         data = np.asarray(window)
         q = self.config.learn_quantile
-        roll, train = (float(np.quantile(data[:, k], q)) for k in (0, 1))
+        roll, train = (float(x) for x in np.quantile(data, q, axis=0))  # one call: it runs per iteration live
         solo = min(float(np.mean(data.sum(axis=1))), spec.t_solo_s)
         if spec.name in self._planned:
             pr, pt = self._planned[spec.name]

@@ -41,14 +41,21 @@ class GrantQueues(RuntimeState):
         node = self.nodes.get(node_id)
         return node is not None and node.state is NodeState.READY and node_id in self.connected
 
-    def _free_node(self, node_id: str) -> None:
+    def _free_node(self, node_id: str, *, announce: bool = True) -> None:
+        """Free `node_id`; its sidecar hears a snapshot when `announce` or when the node changed state.
+
+        A job's own release is not announced: the sidecar's ranks ended the phase themselves, and a
+        snapshot per release was half of the coordinator's node-stream writes (docs/coordinator.md).
+        """
         self.holder.pop(node_id, None)
         self.freed_at[node_id] = self.clock()
         node = self.nodes.get(node_id)
         if node is not None and node.state is NodeState.DRAINING:
             transition(node, NODE_TRANSITIONS, NodeState.DRAINED, now=self.wall(), reason="permit ended")
             self._touch(f"node/{node_id}", node)
-        self._notify(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+            announce = True
+        if announce:
+            self._notify(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
 
     def _enqueue(self, permit: PermitRecord) -> None:
         """The permit waits from now (grant latency counts from when its nodes are free after this)."""

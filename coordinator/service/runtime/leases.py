@@ -80,7 +80,7 @@ class Leases(PhaseLearning):
         transition(permit, PERMIT_TRANSITIONS, PermitState.RELEASED, now=self.wall(), reason="released")
         freed = permit.nodes
         for n in freed:
-            self._free_node(n)
+            self._free_node(n, announce=False)
         phase, it = next_phase(permit.phase, permit.iteration)
         a = self.config.estimate_alpha
         roll, train = permit.observed_roll_s, permit.observed_train_s

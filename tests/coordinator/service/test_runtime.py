@@ -17,6 +17,7 @@ from rollmux.coordinator.service.api import (
     StaleEpochError,
 )
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.state import NoticeKind
 from rollmux.model import Phase
 
 from .builders import make_runtime, register, spec
@@ -179,6 +180,26 @@ def test_drain_finishes_the_running_permit_then_blocks_grants() -> None:
     assert rt.nodes[node].state is NodeState.DRAINED
     assert rt.permits["b"].state is PermitState.QUEUED
     assert "drained" in rt.wait_reason("b")
+
+
+def test_a_release_reaches_node_streams_only_as_the_next_grant_or_a_state_change() -> None:
+    """A job's own release sends its nodes no snapshot (their ranks ended the phase); a node that
+    drains with it, and every grant, still reach the node's stream."""
+    rt, _ = make_runtime()
+    register(rt, "a", nr=16)
+    register(rt, "b", nr=8)
+    p = grant(rt, "a")
+    drained, kept = rt.jobs["b"].rollout_nodes[0], next(n for n in p.nodes if n not in rt.jobs["b"].rollout_nodes)
+    rt.take_changes()
+    rt.drain_node(drained)
+    rt.take_changes()
+    rt.release("a", p.epoch, 1.0)
+    q = rt.acquire("a", Phase.TRAIN, 0)
+    assert q is not None and q.state is PermitState.GRANTED
+    _, notices = rt.take_changes()
+    assert {n for x in notices if x.kind is NoticeKind.NODE for n in x.nodes} == {drained}  # its state changed
+    assert kept not in {n for x in notices for n in x.nodes}  # released by its job: nothing to tell
+    assert [x.nodes for x in notices if x.kind is NoticeKind.GRANTED] == [q.nodes]
 
 
 def test_long_tail_migration_frees_nodes_for_the_next_rollout() -> None:
