@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rollmux.chaos import ledger
 from rollmux.chaos.deployment import Deployment, Topology
@@ -26,13 +27,15 @@ class ChaosConfig:
     iterations: int = 6  # per run
     phase_s: float = 0.1  # how long each phase body sleeps
     gap_s: tuple[float, float] = (2.0, 5.0)  # pause between two faults (seeded uniform)
+    settle_s: float = 15.0  # new runs keep starting this long after the last fault's part served again
     kinds: tuple[FaultKind, ...] = tuple(FaultKind)
     max_faults: int | None = None  # stop injecting after this many (None: until the window closes)
     topology: Topology = field(default_factory=Topology)
 
     def __post_init__(self) -> None:
-        if self.window_s <= 0 or self.drain_s <= 0:
-            raise ValueError(f"window_s={self.window_s} and drain_s={self.drain_s} must be > 0")
+        if self.window_s <= 0 or self.drain_s <= 0 or self.settle_s < 0:
+            raise ValueError(f"window_s={self.window_s} and drain_s={self.drain_s} must be > 0, "
+                             f"settle_s={self.settle_s} >= 0")
         if self.shim_jobs < 0 or self.direct_jobs < 0 or self.shim_jobs + self.direct_jobs == 0:
             raise ValueError("need at least one job slot (shim_jobs + direct_jobs >= 1)")
         if self.iterations < 1 or self.phase_s < 0:
@@ -80,12 +83,21 @@ def run_chaos(config: ChaosConfig, workdir: Path, *, progress: Callable[[str], N
                        window_s=window, wall_s=time.monotonic() - t0, log=log)
 
 
+def _settled_at(events: list[dict[str, Any]], settle_s: float) -> float:
+    """Wall time until which new runs keep starting: `settle_s` after the last fault's part served
+    again. A fault late in the window is judged by the grants on its nodes after it, and once no run
+    starts, none may come (the runs it aborted are placed while its node is still down)."""
+    last = max((float(e.get("ready_t") or e["t"]) for e in events if e["ev"] == "fault"), default=0.0)
+    return last + settle_s
+
+
 def _drive(config: ChaosConfig, jobs: Jobs, tail: EventTail, injector: Injector, say: Callable[[str], None]) -> float:
     """Supervise the slots through the fault window and the drain; returns the window's length."""
     start = time.monotonic()
     window_end = start + config.window_s
     injector.start()
     next_note, closed_at = start + 10, 0.0
+    settle_until: float | None = None  # wall time until which runs keep starting once faults stopped
     while True:
         now = time.monotonic()
         open_ = now < window_end and not (config.max_faults is not None and injector.injected >= config.max_faults
@@ -93,9 +105,12 @@ def _drive(config: ChaosConfig, jobs: Jobs, tail: EventTail, injector: Injector,
         if not open_ and not closed_at:
             closed_at = now
             injector.stopped.set()
-            say(f"fault window closed after {now - start:.0f}s ({injector.injected} faults); letting runs finish")
+            say(f"fault window closed after {now - start:.0f}s ({injector.injected} faults); runs start for "
+                f"{config.settle_s:g}s more after the last fault's part served again, then finish")
         tail.poll()
-        jobs.step(open_=open_)
+        if closed_at and (settle_until is None or injector.thread.is_alive()):  # a last fault may still finish
+            settle_until = _settled_at(tail.snapshot(), config.settle_s)
+        jobs.step(open_=open_ or (settle_until is not None and time.time() < settle_until))
         if closed_at and jobs.finished():
             return closed_at - start
         if closed_at and now > closed_at + config.drain_s:
