@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result.verdict))
     window = result.window_s
     print(f"fault window {window:.0f}s, whole run {result.wall_s:.0f}s; "
-          f"{result.verdict.phases_completed / max(window, 1e-9):.1f} phases/s during the window")
+          f"{result.verdict.phases_completed / max(window, 1e-9):.1f} phases per second of fault window "
+          f"(the runs after it counted too)")
     for err in result.injector_errors:
         print(f"  fault not injected: {err}")
     if result.unfinished:
