@@ -17,6 +17,8 @@ with one epoch, each switched on its own job's acknowledgement.
 - The second half first: A trains on two nodes, so it opens the pooled group whichever job
   acknowledges first; B is made to acknowledge first, is told to wait, runs on in its old group and
   joins at its next boundary after A switched.
+- The second half never acknowledges (a trainer without the relocation hook): A opens the merged
+  group, B's directive expires at its deadline, B keeps its group and nodes, A keeps a group of its own.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class JobRun:
     seen: list[tuple[int, Relocation | None]] = field(default_factory=list)  # (after iteration, directive)
     acks: list[tuple[int, Relocation, str]] = field(default_factory=list)  # (after iteration, answer, note)
     error: BaseException | None = None
+    deaf: bool = False  # never acknowledges a directive (a trainer without the relocation hook)
 
 
 class SecondHalfFirst:
@@ -157,7 +160,7 @@ def run_job(run: JobRun, learned: threading.Barrier, order: SecondHalfFirst | No
                 job.release(permit, end - start)
             directive = job.status().relocation
             run.seen.append((it, directive))
-            if directive is not None and directive.state is RelocationState.PENDING:
+            if directive is not None and directive.state is RelocationState.PENDING and not run.deaf:
                 if order is not None:
                     order.before_ack(job.name)
                 run.acks.append((it, *job.ack_relocation(directive.epoch)))
@@ -168,7 +171,8 @@ def run_job(run: JobRun, learned: threading.Barrier, order: SecondHalfFirst | No
 
 
 def run_merge(make_coordinator: Callable[..., Any], scenario: Scenario,  # noqa: F811
-              order: SecondHalfFirst | None = None) -> tuple[CoordinatorClient, dict[str, JobRun], dict[str, JobInfo]]:
+              order: SecondHalfFirst | None = None,
+              deaf: str = "") -> tuple[CoordinatorClient, dict[str, JobRun], dict[str, JobInfo]]:
     """Start the coordinator and the fleet, register the jobs and run both job loops to the end.
 
     Returns:
@@ -177,7 +181,8 @@ def run_merge(make_coordinator: Callable[..., Any], scenario: Scenario,  # noqa:
     coord = make_coordinator(*scenario.flags)
     client = CoordinatorClient(coord.address, retry_s=30.0)
     add_node_streams(client, *scenario.fleet)
-    runs = {s.name: JobRun(client.register_job(s), phase_s=scenario.phase_s[s.name], train_nodes=s.n_train_gpus // 8)
+    runs = {s.name: JobRun(client.register_job(s), phase_s=scenario.phase_s[s.name], train_nodes=s.n_train_gpus // 8,
+                           deaf=s.name == deaf)
             for s in scenario.specs}
     before = {n: r.job.status() for n, r in runs.items()}
     assert {n: s.group_id for n, s in before.items()} == {s.name: f"g{i}" for i, s in enumerate(scenario.specs)}
@@ -236,12 +241,16 @@ def check_merge(client: CoordinatorClient, runs: dict[str, JobRun], before: dict
     for n in nodes.keys() - kept:
         assert nodes[n].group_id == "" and not nodes[n].HasField("holder"), n
 
-    # At no time did two jobs hold one node.
+    assert_no_node_shared(runs)
+    return switched
+
+
+def assert_no_node_shared(runs: dict[str, JobRun]) -> None:
+    """At no time did two jobs hold one node."""
     leases = [(g.job, n, g.start_s, g.end_s) for r in runs.values() for g in r.grants for n in g.nodes]
     for i, (j1, n1, s1, e1) in enumerate(leases):
         for j2, n2, s2, e2 in leases[i + 1:]:
             assert not (n1 == n2 and j1 != j2 and s1 < e2 and s2 < e1), (j1, j2, n1)
-    return switched
 
 
 @pytest.mark.parametrize("scenario", [pool_merge(1), pool_merge(10), pair_merge()],
@@ -267,6 +276,33 @@ def test_the_second_half_of_a_live_merge_told_to_wait_joins_at_its_next_boundary
     assert early.to_group == "" and late.state is RelocationState.SWITCHED and late_at == b_at == early_at + 1
     assert [it for it, d in runs["B"].seen if d is not None and d.state is RelocationState.PENDING] == [early_at, b_at]
     assert [it for it, _, _ in runs["A"].acks] == [a_at] and a_at >= early_at  # A's one acknowledgement switched
+    client.close()
+
+
+def test_a_merge_whose_second_half_never_acknowledges_expires_and_leaves_both_jobs_valid(make_coordinator) -> None:  # noqa: F811
+    # B runs without the relocation hook: A opens the merged group at its boundary, B's directive
+    # expires at its deadline, B keeps its group and nodes, and nothing is lost or shared on the way.
+    scenario = Scenario(specs=pool_merge(1).specs, phase_s=pool_merge(1).phase_s,
+                        flags=("--relocation-deadline", "1.5"))
+    client, runs, before = run_merge(make_coordinator, scenario, deaf="B")
+    deadline = time.monotonic() + 15
+    while (d := runs["B"].job.status().relocation) is None or d.state is RelocationState.PENDING:
+        assert time.monotonic() < deadline, f"B's directive did not expire: {d}"
+        time.sleep(0.1)
+    assert d.state is RelocationState.EXPIRED and runs["B"].acks == []
+    for name, r in runs.items():  # every phase once, in on-policy order
+        assert [(g.phase, g.iteration) for g in r.grants] == [(ph, it) for it in range(ITERATIONS) for ph in PHASES], name
+
+    # A switched into the merged group of the same merge (the directives share one epoch); B never moved.
+    opened = next(a for _, a, _ in runs["A"].acks if a.state is RelocationState.SWITCHED)
+    assert opened.epoch == d.epoch and opened.from_group == "g0" and d.from_group == "g1"
+    b_nodes = {*before["B"].rollout_nodes, *before["B"].train_nodes}
+    assert all(set(g.nodes) <= b_nodes for g in runs["B"].grants)
+    final = groups(client)
+    assert final.get("g1") == ["B"] and all("B" not in m for g, m in final.items() if g != "g1"), final
+    assert any(m == ["A"] for m in final.values()), final  # A alone, in a group of its own
+
+    assert_no_node_shared(runs)
     client.close()
 
 
