@@ -48,8 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-gpu", default="H800", help="GPU type of new training nodes the policy plans with")
     parser.add_argument("--event-loop", choices=[e.value for e in EventLoop], default=EventLoop.AUTO.value,
                         help="the event loop the service runs on: auto = uvloop where installed (a dependency "
-                             "of rollmux except on Windows), asyncio otherwise. uvloop took the p99 grant "
-                             "latency at 2,000 jobs from 6-34 ms to 5-7 ms (docs/coordinator.md) [default: auto]")
+                             "of rollmux except on Windows), asyncio otherwise. uvloop schedules the service's "
+                             "calls with fewer slow ones than asyncio at the same CPU (docs/coordinator.md) "
+                             "[default: auto]")
     parser.add_argument("--deployment-modes", action="store_true",
                         help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
                              "default: every job disaggregated")

@@ -1,9 +1,10 @@
 """Which event loop the coordinator runs on.
 
 The coordinator is one event loop, so its grant latency is that loop's wake-up and scheduling
-cost. uvloop (libuv) took the p99 grant latency at 2,000 jobs from 6-34 ms on asyncio to 5-7 ms
-for the same CPU per cycle (docs/coordinator.md), so it is the default wherever it is installed
-(a dependency of rollmux on Linux and macOS); asyncio stays selectable and is the fallback.
+cost besides its work. At 2,000 jobs uvloop (libuv) had 4-51 grants over 10 ms a minute where
+asyncio had 26-1,153, for the same CPU per cycle (docs/coordinator.md, fourth session), so it is
+the default wherever it is installed (a dependency of rollmux on Linux and macOS); asyncio stays
+selectable and is the fallback.
 """
 
 from __future__ import annotations
