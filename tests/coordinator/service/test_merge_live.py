@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -202,8 +202,8 @@ def check_merge(client: CoordinatorClient, runs: dict[str, JobRun], before: dict
     """The invariants of a live merge; returns each job's (iteration after which it switched, directive)."""
     # Each job ran every phase of every iteration once, in on-policy order (the coordinator granted
     # exactly the phase asked for), and goes on from there.
-    for name, r in runs.items():
-        assert [(g.phase, g.iteration) for g in r.grants] == [(ph, it) for it in range(ITERATIONS) for ph in PHASES], name
+    assert_on_policy_order(runs)
+    for r in runs.values():
         info = r.job.status()
         assert (info.next_phase, info.next_iteration) == (Phase.ROLLOUT, ITERATIONS)
 
@@ -245,6 +245,12 @@ def check_merge(client: CoordinatorClient, runs: dict[str, JobRun], before: dict
     return switched
 
 
+def assert_on_policy_order(runs: dict[str, JobRun]) -> None:
+    """Each job ran every phase of every iteration once, in on-policy order."""
+    for name, r in runs.items():
+        assert [(g.phase, g.iteration) for g in r.grants] == [(ph, it) for it in range(ITERATIONS) for ph in PHASES], name
+
+
 def assert_no_node_shared(runs: dict[str, JobRun]) -> None:
     """At no time did two jobs hold one node."""
     leases = [(g.job, n, g.start_s, g.end_s) for r in runs.values() for g in r.grants for n in g.nodes]
@@ -282,16 +288,14 @@ def test_the_second_half_of_a_live_merge_told_to_wait_joins_at_its_next_boundary
 def test_a_merge_whose_second_half_never_acknowledges_expires_and_leaves_both_jobs_valid(make_coordinator) -> None:  # noqa: F811
     # B runs without the relocation hook: A opens the merged group at its boundary, B's directive
     # expires at its deadline, B keeps its group and nodes, and nothing is lost or shared on the way.
-    scenario = Scenario(specs=pool_merge(1).specs, phase_s=pool_merge(1).phase_s,
-                        flags=("--relocation-deadline", "1.5"))
+    scenario = replace(pool_merge(1), flags=("--relocation-deadline", "1.5"))
     client, runs, before = run_merge(make_coordinator, scenario, deaf="B")
     deadline = time.monotonic() + 15
     while (d := runs["B"].job.status().relocation) is None or d.state is RelocationState.PENDING:
         assert time.monotonic() < deadline, f"B's directive did not expire: {d}"
         time.sleep(0.1)
     assert d.state is RelocationState.EXPIRED and runs["B"].acks == []
-    for name, r in runs.items():  # every phase once, in on-policy order
-        assert [(g.phase, g.iteration) for g in r.grants] == [(ph, it) for it in range(ITERATIONS) for ph in PHASES], name
+    assert_on_policy_order(runs)
 
     # A switched into the merged group of the same merge (the directives share one epoch); B never moved.
     opened = next(a for _, a, _ in runs["A"].acks if a.state is RelocationState.SWITCHED)
