@@ -20,16 +20,17 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import inspect
 import json
 import os
 import re
 import socket
 import sys
-import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,21 +186,22 @@ def _command_section(path: str, parser: argparse.ArgumentParser) -> str:
     return "\n".join(out)
 
 
+def _command_sections(path: str, parser: argparse.ArgumentParser, *, root: bool) -> list[str]:
+    """This command's section (a root that only dispatches has none), then its subcommands', depth first."""
+    subs = _subcommands(parser)
+    out = [] if root and subs else [_command_section(path, parser)]
+    for name, sub in subs.items():
+        out += _command_sections(f"{path} {name}", sub, root=False)
+    return out
+
+
 def cli_page() -> str:
     out = ["# Command line\n",
            "Every command and flag, from the parsers themselves (`rollmux COMMAND --help` prints the same).\n"]
     for script, root in entry_parsers().items():
-        def walk(path: str, parser: argparse.ArgumentParser) -> None:
-            subs = _subcommands(parser)
-            if parser is not root or not subs:
-                out.append(_command_section(path, parser))
-            for name, sub in subs.items():
-                walk(f"{path} {name}", sub)
-
-        subs = _subcommands(root)
         out.append(_table(("command", "what it does"), [(f"[`{script} {n}`](#{script}-{n})", _one_line(p.description))
-                                                       for n, p in subs.items()]))
-        walk(script, root)
+                                                       for n, p in _subcommands(root).items()]))
+        out += _command_sections(script, root, root=True)
     return "\n".join(out)
 
 
@@ -228,8 +230,6 @@ def _registries(module: Any) -> Iterator[Any]:
             yield value
         elif callable(value) and getattr(value, "__module__", None) == module.__name__ and not attr.startswith("_") \
                 and not isinstance(value, type):
-            import inspect
-
             params = inspect.signature(value).parameters.values()
             if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
                 built = value()
