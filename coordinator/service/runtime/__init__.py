@@ -10,18 +10,22 @@ streams and waiting jobs. Time is injected (`clock`, monotonic seconds) so tests
 `Runtime` is a facade over composed parts, each owning its own fields (the only part that writes
 them) and handed the parts it calls in its constructor; no part calls one above it:
 
-| part (module)                     | owns                                              | calls                          |
-|-----------------------------------|---------------------------------------------------|--------------------------------|
-| `RuntimeState` (`state`)          | `meta`, the change set, notices; holds the shared records | nothing               |
-| `NodeLiveness` (`nodes`)          | node records and transitions, `connected`         | nothing                        |
-| `PhaseLearning` (`learning`)      | `learner`, `learned`, queued learning events, profiles | nothing                   |
-| `GrantQueues` (`grants`)          | `served` (round-robin turns); asks `policy.grants.grant_step` | liveness           |
-| `Leases` (`leases`)               | permit records and transitions, `holder`, `freed_at` | liveness, queues, learning  |
-| `LongTailMigration` (`migration`) | nothing (decides; leases apply)                   | leases, queues                 |
-| `Directives` (`directives`)       | relocation directive records                      | nothing                        |
-| `Admission` (`admission`)         | job records, group membership, stored groups      | leases, queues, learning, directives |
-| `Relocations` (`relocation`)      | jobs' `moves`                                     | directives, learning, admission, leases |
-| `Runtime` (this module)           | nothing: wires the parts, sequences events between them, wait reasons, invariants, stored form |
+| part (module)                     | owns                                                   | calls                                   |
+|-----------------------------------|--------------------------------------------------------|-----------------------------------------|
+| `RuntimeState` (`state`)          | `meta`, change set, notices; holds the shared records  | nothing                                 |
+| `NodeLiveness` (`nodes`)          | node records and transitions, `connected`              | nothing                                 |
+| `PhaseLearning` (`learning`)      | `learner`, `learned`, queued learning events, profiles | nothing                                 |
+| `GrantQueues` (`grants`)          | `served` (round-robin turns); asks `policy.grants`     | liveness                                |
+| `Leases` (`leases`)               | permit records and transitions, `holder`, `freed_at`   | liveness, queues, learning              |
+| `LongTailMigration` (`migration`) | nothing (decides; leases apply)                        | leases, queues                          |
+| `Directives` (`directives`)       | relocation directive records                           | nothing                                 |
+| `Admission` (`admission`)         | job records, group membership, stored groups           | leases, queues, learning, directives    |
+| `Relocations` (`relocation`)      | jobs' `moves`                                          | directives, learning, admission, leases |
+| `stored`                          | the stored form: records by key, and parsing them back | `admission.group_record`                |
+| `Runtime` (`facade`)              | nothing: wires the parts, sequences events across them, wait reasons, invariants | every part    |
+
+`tests/coordinator/service/test_runtime_parts.py` holds this order (no module imports one listed after
+it) and that no part subclasses another.
 
 Events between parts are explicit calls: a node that became READY again (`NodeLiveness.connect`,
 `heard` return True) gets grants and admissions from `Runtime`; a departure (`remove_job`) is told to

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rollmux.coordinator.policy import ClusterState
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.grants import Ring, current_turn
 from rollmux.coordinator.service.api import JobState, NodeState, PermitState, ServiceConfig
@@ -43,23 +44,70 @@ class Runtime:
         self.admission = Admission(self.state, self.leases, self.grant_queues, self.learning, self.directives)
         self.relocation = Relocations(self.state, self.directives, self.learning, self.admission, self.leases)
 
-    # ---------------------------------------------------------------------- views of the parts' fields
-    cluster = property(lambda self: self.state.cluster)
-    config = property(lambda self: self.state.config)
-    clock = property(lambda self: self.state.clock)
-    wall = property(lambda self: self.state.wall)
-    meta: Meta = property(lambda self: self.state.meta)  # type: ignore[assignment]
-    nodes: dict[str, NodeRecord] = property(lambda self: self.state.nodes)  # type: ignore[assignment]
-    jobs: dict[str, JobRecord] = property(lambda self: self.state.jobs)  # type: ignore[assignment]
-    permits: dict[str, PermitRecord] = property(lambda self: self.state.permits)  # type: ignore[assignment]
-    placement = property(lambda self: self.state.placement)
-    connected: set[str] = property(lambda self: self.liveness.connected)  # type: ignore[assignment]
-    holder: dict[str, str] = property(lambda self: self.leases.holder)  # type: ignore[assignment]
-    served: dict[str, str] = property(lambda self: self.grant_queues.served)  # type: ignore[assignment]
-    relocations: dict[str, RelocationRecord] = property(lambda self: self.directives.relocations)  # type: ignore[assignment]
-    learned = property(lambda self: self.learning.learned)
-    rescue_due: dict[str, None] = property(lambda self: self.learning.rescue_due)  # type: ignore[assignment]
-    replan: dict[str, None] = property(lambda self: self.learning.replan)  # type: ignore[assignment]
+    # ------------------------------------------------------- read-only views of the parts' fields
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.state.cluster
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self.state.config
+
+    @property
+    def clock(self) -> Clock:
+        return self.state.clock
+
+    @property
+    def wall(self) -> Clock:
+        return self.state.wall
+
+    @property
+    def meta(self) -> Meta:
+        return self.state.meta
+
+    @property
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self.state.nodes
+
+    @property
+    def jobs(self) -> dict[str, JobRecord]:
+        return self.state.jobs
+
+    @property
+    def permits(self) -> dict[str, PermitRecord]:
+        return self.state.permits
+
+    @property
+    def placement(self) -> ClusterState:
+        return self.state.placement
+
+    @property
+    def connected(self) -> set[str]:
+        return self.liveness.connected
+
+    @property
+    def holder(self) -> dict[str, str]:
+        return self.leases.holder
+
+    @property
+    def served(self) -> dict[str, str]:
+        return self.grant_queues.served
+
+    @property
+    def relocations(self) -> dict[str, RelocationRecord]:
+        return self.directives.relocations
+
+    @property
+    def learned(self) -> dict[str, list[tuple[float, float]]]:
+        return self.learning.learned
+
+    @property
+    def rescue_due(self) -> dict[str, None]:
+        return self.learning.rescue_due
+
+    @property
+    def replan(self) -> dict[str, None]:
+        return self.learning.replan
 
     @property
     def policy(self) -> PlacementPolicy:
