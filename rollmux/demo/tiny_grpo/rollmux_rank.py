@@ -22,8 +22,8 @@ set (plus ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``) the phases are gated through 
 * Negative control of the sidecar's memory check (``--hold-mib N --hold-at train:1``): in that phase
   the rank allocates N MiB on its ``--device`` outside the state cache and keeps it until its next
   phase begins, so the node's release finds it still held. On a machine without a GPU,
-  ``--gpu-memory-standin DIR`` makes the rank write those bytes to ``DIR/<pid>``, the sidecar's
-  stand-in for NVML (``rollmux sidecar --gpu-memory-standin DIR``).
+  ``--gpu-memory-standin DIR`` makes the rank report those bytes in ``DIR/<pid>`` (the sidecar's
+  stand-in for NVML, ``rollmux sidecar --gpu-memory-standin DIR``) instead of allocating them.
 """
 
 from __future__ import annotations
@@ -87,9 +87,12 @@ def _keeping_memory(gate: AbstractContextManager[Any], name: str, n: int) -> Ite
     with gate:
         yield
         if _leak.get("at") == (name, n):
-            import torch
+            if _leak.get("standin"):  # no GPU: the bytes are only reported to the stand-in, never allocated
+                _leak["tensor"] = _leak["nbytes"]
+            else:
+                import torch
 
-            _leak["tensor"] = torch.ones(_leak["nbytes"], dtype=torch.uint8, device=_leak["device"])
+                _leak["tensor"] = torch.ones(_leak["nbytes"], dtype=torch.uint8, device=_leak["device"])
             _set_held_bytes(_leak["nbytes"])
 
 
