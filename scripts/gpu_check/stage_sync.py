@@ -80,6 +80,9 @@ def run_world(size: int, backend: str, device: str, scale: int, timeout_s: float
     first = ctx.Process(target=sync_rank, args=(0, size, 0, backend, device, scale, q))
     first.start()
     kind, port = q.get(timeout=timeout_s)
+    if kind != "port":  # rank 0 failed before serving the store
+        first.join(5)
+        return [port] + [{"rank": r, "error": "rank 0 served no store"} for r in range(1, size)]
     procs = [first] + [ctx.Process(target=sync_rank, args=(r, size, port, backend, device, scale, q))
                        for r in range(1, size)]
     for p in procs[1:]:
@@ -119,7 +122,7 @@ def main() -> int:
         "seconds": round(max((r.get("seconds", 0.0) for r in ranks), default=0.0), 3),
     }
     if device == "cuda":
-        nccl = run_world(2, "nccl", device, 1, 60)
+        nccl = run_world(2, "nccl", device, 1, 45)
         fig["nccl_two_ranks_one_gpu"] = "refused: " + nccl[0]["error"].strip().splitlines()[-1][:300] \
             if any(r.get("error") for r in nccl) else "accepted (this NCCL build allows two ranks on one GPU)"
     else:

@@ -9,18 +9,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Pool
 from rollmux.sidecar import env
-from rollmux.sidecar.agent import AgentConfig, NodeAgent
+from rollmux.sidecar.agent import AgentConfig
 from rollmux.sidecar.gpu import (
-    DEFAULT_PROCESS_LIMIT_BYTES,
     CUDA_CONTEXT_BYTES,
+    DEFAULT_PROCESS_LIMIT_BYTES,
     MemoryHolder,
     NoGpuProvider,
     NvmlProvider,
@@ -29,7 +27,6 @@ from rollmux.sidecar.gpu import (
     holders_over,
     write_standin_bytes,
 )
-from rollmux.sidecar.server import serve
 
 from .conftest import REPO, Node, register
 from .test_agent import WAIT_S, Rank, holder, wait_for
@@ -128,23 +125,11 @@ def standin(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def standin_node(coordinator, sockdir: Path, standin: Path) -> Iterator:  # type: ignore[no-untyped-def]
-    nodes: list[Node] = []
-
+def standin_node(make_node, standin: Path):  # type: ignore[no-untyped-def]
     def make(node_id: str, pool: Pool, memory_wait_s: float) -> Node:
-        config = AgentConfig(node_id=node_id, pool=pool, heartbeat_s=0.2, memory_wait_s=memory_wait_s)
-        agent = NodeAgent(config, CoordinatorClient(coordinator.address, retry_s=5.0),
-                          StandInMemoryProvider(standin, "H800", 1)).start()
-        assert agent.wait_connected(30)
-        path = str(sockdir / f"{node_id}.sock")
-        node = Node(agent, serve(agent, path), path)
-        nodes.append(node)
-        return node
+        return make_node(node_id, pool, gpu=StandInMemoryProvider(standin, "H800", 1), memory_wait_s=memory_wait_s)
 
-    yield make
-    for n in nodes:
-        n.server.stop(0)  # type: ignore[attr-defined]
-        n.agent.stop()
+    return make
 
 
 def _events(node: Node, kind: str) -> list[dict]:
