@@ -14,8 +14,9 @@
 # A GPU machine without network gets what its image lacks from --wheels: --prepare-wheels fills it here
 # with the rollmux wheel built from this checkout (pip wheel --no-deps) and the small pure-Python wheels
 # the check needs (grpcio-health-checking, prometheus-client, pytest and its plugins); send the folder
-# along with the checkout. If rollmux is not importable, the script installs it from there (or builds it
-# from the checkout with pip wheel --no-deps --no-build-isolation when no wheel was prepared).
+# along with the checkout. If rollmux is not importable, the script installs it editable from the
+# checkout (pip install -e --no-build-isolation: setuptools from the image, as for pip wheel), else the
+# prepared wheel.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python3}
@@ -34,13 +35,13 @@ while [[ $# -gt 0 ]]; do
     *) echo "gpu_check.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-DEPS=(grpcio-health-checking prometheus-client pytest pluggy iniconfig pytest-timeout)
+
 
 if [[ $PREPARE == 1 ]]; then
   mkdir -p "$WHEELS"
   health=$("$PY" -c 'import importlib.metadata as m; print(m.version("grpcio-health-checking"))' 2>/dev/null || true)
   "$PY" -m pip download -q --no-deps --only-binary :all: -d "$WHEELS" \
-    "grpcio-health-checking${health:+==$health}" prometheus-client pytest pluggy iniconfig pytest-timeout
+    "grpcio-health-checking${health:+==$health}" prometheus-client pytest pluggy iniconfig pygments pytest-timeout
   "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" "$ROOT"
   du -sh "$WHEELS"; ls "$WHEELS"
   exit 0
@@ -59,15 +60,21 @@ mkdir -p "$OUT"
 need=$(cd /tmp && missing)
 if [[ -n $need ]]; then
   echo "gpu_check.sh: installing $need (no network: from $WHEELS)"
-  if [[ " $need " == *" rollmux "* ]] && ! ls "$WHEELS"/rollmux-*.whl >/dev/null 2>&1; then
-    mkdir -p "$WHEELS"
-    "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WHEELS" "$ROOT"
-  fi
   pkgs=()
   for p in $need; do
-    [[ $p == pytest ]] && pkgs+=(pytest pluggy iniconfig pytest-timeout) || pkgs+=("$p")
+    case $p in
+      pytest) pkgs+=(pytest pluggy iniconfig pygments pytest-timeout) ;;
+      rollmux) ;;
+      *) pkgs+=("$p") ;;
+    esac
   done
-  "$PY" -m pip install -q --no-deps --no-index --find-links "$WHEELS" "${pkgs[@]}"
+  [[ ${#pkgs[@]} -gt 0 ]] && "$PY" -m pip install -q --no-deps --no-index --find-links "$WHEELS" "${pkgs[@]}"
+  if [[ " $need " == *" rollmux "* ]]; then
+    # Editable from the checkout, as the test suite runs it (pytest puts the checkout first on sys.path,
+    # where the rollmux/ folder alone would shadow an installed wheel); the prepared wheel otherwise.
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e "$ROOT" \
+      || "$PY" -m pip install -q --no-deps --no-index --find-links "$WHEELS" rollmux
+  fi
 fi
 cd "$ROOT"
 exec "$PY" scripts/gpu_check/run.py --out "$OUT" "${RUN_ARGS[@]}"

@@ -83,6 +83,10 @@ def _set_held_bytes(nbytes: int) -> None:
 def _keeping_memory(gate: AbstractContextManager[Any], name: str, n: int) -> Iterator[None]:
     """Run the gated phase; in the ``--hold-at`` phase, leave ``--hold-mib`` allocated past its end."""
     if _leak.pop("tensor", None) is not None:  # the previous phase's: freed as this one begins
+        if str(_leak["device"]).startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()  # back to the driver, so NVML sees it gone
         _set_held_bytes(0)
     with gate:
         yield
