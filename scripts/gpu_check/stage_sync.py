@@ -64,13 +64,20 @@ def sync_rank(rank: int, size: int, port: int, backend: str, device: str, scale:
         else:
             got = {n: t for window in stream.receive() for n, t in window}
             out["bitwise"] = sorted(got) == sorted(weights) and all(
-                torch.equal(got[n].cpu().view(torch.uint8), weights[n].cpu().view(torch.uint8)) for n in weights)
+                torch.equal(_bytes(got[n]), _bytes(weights[n])) for n in weights)
             out["device"] = str(next(iter(got.values())).device)
         out["seconds"] = time.perf_counter() - t0
         stream.close()
     except Exception:  # noqa: BLE001 - reported to the parent, which decides
         out["error"] = traceback.format_exc()[-1500:]
     q.put(("result", out))
+
+
+def _bytes(t: Any) -> Any:
+    """A tensor's raw bytes on the host (scalars included), for a bitwise comparison."""
+    import torch
+
+    return t.detach().cpu().reshape(-1).view(torch.uint8)
 
 
 def run_world(size: int, backend: str, device: str, scale: int, timeout_s: float) -> list[dict[str, Any]]:
