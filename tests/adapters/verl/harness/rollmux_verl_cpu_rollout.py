@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rollmux_verl_cpu import event
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
@@ -143,16 +144,19 @@ class HFCPUServerAdapter(BaseRollout):
 
 
 class HFCPUReplica(RolloutReplica):
-    """One ``hf_cpu`` server per replica, started beside the trainer workers."""
+    """One ``hf_cpu`` server per replica, started on the node of the replica's trainer workers."""
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
 
     async def launch_servers(self) -> None:
         path = getattr(self.model_config, "local_path", None) or self.model_config.path
-        server = ray.remote(HFCPUServer).options(name=_server_name(self.replica_rank), num_cpus=0,
-                                                 max_concurrency=self.max_concurrency).remote(
-            path, int(getattr(self.config, "seed", 0) or 0))
+        options: dict[str, Any] = {"name": _server_name(self.replica_rank), "num_cpus": 0,
+                                   "max_concurrency": self.max_concurrency}
+        if self.workers:  # on its workers' node, as vLLMReplica pins its servers (a multi-node job)
+            node = await self.workers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        server = ray.remote(HFCPUServer).options(**options).remote(path, int(getattr(self.config, "seed", 0) or 0))
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"hf-cpu-{self.replica_rank}"
