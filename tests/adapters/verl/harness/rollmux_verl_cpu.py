@@ -49,6 +49,19 @@ def event(kind: str, **fields: Any) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
+NODE_LABEL = "rollmux.sim/node"
+"""The Ray node label naming a simulated node (tests/multinode: one raylet per node on this host)."""
+
+
+def node_label() -> str:
+    """This process's Ray node as its ``rollmux.sim/node`` label ("" outside a labelled cluster)."""
+    import ray
+
+    if not ray.is_initialized():
+        return ""
+    return str((ray.get_runtime_context().get_node_labels() or {}).get(NODE_LABEL, ""))
+
+
 # ------------------------------------------------------------------------------------------ platform
 class _CpuDeviceModule(types.SimpleNamespace):
     """What veRL calls on ``torch.cuda`` (via ``get_torch_device()``), answered for the CPU."""

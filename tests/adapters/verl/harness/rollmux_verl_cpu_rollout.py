@@ -18,7 +18,7 @@ from typing import Any
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from rollmux_verl_cpu import event
+from rollmux_verl_cpu import event, node_label
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -42,6 +42,11 @@ class HFCPUServer:
         self.lock = asyncio.Lock()
         self.open = asyncio.Event()  # cleared by abort_all_requests: new requests wait, as vLLM parks them
         self.open.set()
+        event("server.init", node=node_label())
+        # a GPU process of the job: a rank on its node's sidecar, as the adapter makes vLLMHttpServer one
+        from rollmux.adapters.common.ranks import attach_here
+
+        attach_here(type(self).__name__)
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        **_: Any) -> TokenOutput:
@@ -138,6 +143,7 @@ class HFCPUServerAdapter(BaseRollout):
 
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
         state = {name: t.detach().to("cpu", copy=True) for name, t in weights}
+        event("worker.update_weights", node=node_label(), global_steps=kwargs.get("global_steps"))
         if self.leader:
             server = ray.get_actor(_server_name(self.replica_rank))
             await server.load_weights.remote(state, kwargs.get("global_steps"))
