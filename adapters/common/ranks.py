@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollmux.adapters.common.api import AdapterError
+from rollmux.adapters.common.relocation import record
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +143,14 @@ class Board:
                 pass
             return {"errors": {r.key: r.error for r in self.ranks.values() if r.acked >= seq and r.error},
                     "missing": sorted(r.key for r in self.ranks.values() if r.acked < seq),
-                    "nodes": sorted({n for r in self.ranks.values() for n in r.lease_nodes})}
+                    "nodes": sorted({n for r in self.ranks.values() for n in r.lease_nodes}),
+                    "placement": self._placement()}
 
     async def placement(self) -> dict[str, list[str]]:
         """Pool -> the sorted node ids the job's ranks attached on (what the coordinator must place on)."""
+        return self._placement()
+
+    def _placement(self) -> dict[str, list[str]]:
         out: dict[str, set[str]] = {}
         for r in self.ranks.values():
             out.setdefault(r.pool, set()).add(r.node)
@@ -214,7 +219,6 @@ def attach_here(role: str) -> NodeRank | None:
 def _attach(job: str, token: str, role: str) -> NodeRank:
     import ray
 
-    from rollmux.adapters.common.relocation import record
     from rollmux.sidecar import env, shim
 
     rank_no = int(os.environ.get("RANK") or 0)
@@ -311,7 +315,8 @@ class RanksGate:
         t0 = time.monotonic()
         out = self._check(f"enter {phase}({iteration})", self._run(Action.OPEN, phase, iteration))
         self.held_nodes = tuple(out["nodes"])
-        log.debug("rollmux: %s(%d) entered on every rank in %.3fs", phase, iteration, time.monotonic() - t0)
+        record("ranks_entered", job=self.job, phase=phase, iteration=iteration, nodes=list(self.nodes()),
+               placement=out["placement"], seconds=round(time.monotonic() - t0, 6))
         return handle
 
     def exit(self, handle: Any) -> None:

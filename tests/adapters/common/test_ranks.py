@@ -26,7 +26,7 @@ def test_ranks_follow_commands_and_the_wait_covers_every_rank() -> None:
         assert not waiting.done(), "the wait ended before n2's rank entered"
         await b.done("n2/20", seq, lease_nodes=("n1", "n2"))
         out = await waiting
-        assert out == {"errors": {}, "missing": [], "nodes": ["n1", "n2"]}
+        assert out == {"errors": {}, "missing": [], "nodes": ["n1", "n2"], "placement": {"train": ["n1", "n2"]}}
         # a rank attaching while the phase is open joins it: its first command is that open
         late = await b.join("n2/21", "n2", "train", 21, "HFCPUServer", {})
         assert await b.next(late, timeout_s=1) == (1, (Action.OPEN, "rollout", 0))
