@@ -23,6 +23,7 @@ to where it runs (invariant I4).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -136,11 +137,9 @@ class Board:
 
         cv = self._cond()
         async with cv:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):  # the answer names who is missing
                 await asyncio.wait_for(cv.wait_for(lambda: all(r.acked >= seq for r in self.ranks.values())),
                                        timeout_s)
-            except asyncio.TimeoutError:
-                pass
             return {"errors": {r.key: r.error for r in self.ranks.values() if r.acked >= seq and r.error},
                     "missing": sorted(r.key for r in self.ranks.values() if r.acked < seq),
                     "nodes": sorted({n for r in self.ranks.values() for n in r.lease_nodes}),

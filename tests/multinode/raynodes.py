@@ -127,10 +127,8 @@ class RayNodes:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
