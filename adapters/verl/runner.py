@@ -88,9 +88,9 @@ class Runner:
     job: str
     tracker: PhaseTracker
     own: ShimGate
-    own_gate: RanksGate = None  # type: ignore[assignment]  # own rank + the job's ranks (set by _start)
+    own_gate: RanksGate | None = None  # own rank + the job's ranks on their nodes (set by _start)
     rollout_rank: Any = None  # shim.RankHandle on the rollout pool's sidecar, or None
-    rollout_gate: RanksGate | None = None  # the gate over rollout_rank (made at its first use)
+    rollout_gate: RanksGate | RankGate | None = None  # the gate over rollout_rank (made at its first use)
     trainer: Any = None  # the veRL trainer, seen at its first train boundary
     offload_s: list[float] = field(default_factory=list)  # measured worker `to("cpu")` times
     reload_s: list[float] = field(default_factory=list)  # measured worker `to("device")` times
@@ -101,15 +101,16 @@ class Runner:
     resumed: int | None = None  # restarted after a relocation: the iteration it resumes at (relocation.py)
     finished: bool = False
 
-    def gate_for(self, phase: str) -> RanksGate:
+    def gate_for(self, phase: str) -> RanksGate | RankGate | ShimGate:
         """The phase's gate: this process's own rank on the phase's pool, with every GPU process of the
         job entering the phase on its own node (``rollmux.adapters.common.ranks``)."""
         if phase == "rollout" and self.rollout_rank is not None:
             if self.rollout_gate is None:  # one gate, so that the permit it holds can be looked at
-                self.rollout_gate = RanksGate(job=self.job, inner=RankGate(self.rollout_rank),
-                                              timeout_s=self.own_gate.timeout_s, board=self.own_gate.board)
+                ranks, gate = self.own_gate, RankGate(self.rollout_rank)
+                self.rollout_gate = gate if ranks is None else RanksGate(
+                    job=self.job, inner=gate, timeout_s=ranks.timeout_s, board=ranks.board)
             return self.rollout_gate
-        return self.own_gate
+        return self.own_gate if self.own_gate is not None else self.own
 
     def progress(self, finished: int, total: int) -> None:
         """Report the open rollout's progress (``finished`` of ``total`` responses) to the coordinator.
@@ -192,7 +193,8 @@ class Runner:
         try:
             self.tracker.end()
         finally:
-            self.own_gate.detach()  # the job's ranks leave their sidecars before the job deregisters
+            if self.own_gate is not None:
+                self.own_gate.detach()  # the job's ranks leave their sidecars before the job deregisters
             if self.rollout_rank is not None:
                 self.rollout_rank.close()
             shim.shutdown(job_done=True)
