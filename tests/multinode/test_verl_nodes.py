@@ -18,7 +18,9 @@ out so that both agree); a sidecar granted a job with no local rank drops the gr
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 import time
 from collections import defaultdict
@@ -56,15 +58,19 @@ def runs(verl_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         out["ray_nodes"] = dep.ray.alive()
         solo = MultiNodeJob(name="solo", assets=verl_assets, workdir=root / "solo", address=dep.address,
                             opted_out=True)
-        out["solo"] = _run(solo, None)
+        out["solo"] = _run(solo, None, harness_events)
         muxed = MultiNodeJob(name=JOB, assets=verl_assets, workdir=root / "mux", address=dep.address)
         opt_in = {env.SIDECAR_SOCKET: dep.sockets["n0"], env.EVENT_LOG: str(root / "phases.jsonl"), env.JOB: JOB,
                   adapter_env.SLO: "4", adapter_env.PHASE_S: "2,1"}  # the driver runs on the head, n0
-        out["mux"] = _run(muxed, opt_in)
+        out["mux"] = _run(muxed, opt_in, harness_events)
         out["left"] = [j.job for j in _cluster_state(dep)]
     out["node_events"] = read_jsonl(dep.node_events)
     out["phases"] = read_jsonl(root / "phases.jsonl")
     out["harness"] = read_jsonl(harness_events)
+    figures = {w: {"wall_s": round(out[w]["t1"] - out[w]["t0"], 1), "peak_rss_gib": round(out[w]["peak_rss"] / 2**30, 2)}
+               for w in ("solo", "mux")}
+    (root / "figures.json").write_text(json.dumps(figures))
+    print(f"\nmulti-node veRL runs: {figures}")
     yield out
     for j in ("solo", "mux"):
         shutil.rmtree(out[j]["job"].ray_tmp(), ignore_errors=True)
@@ -77,15 +83,40 @@ def verl_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("assets"))
 
 
-def _run(job: MultiNodeJob, opt_in: dict[str, str] | None) -> dict[str, Any]:
+def _run(job: MultiNodeJob, opt_in: dict[str, str] | None, marker: Path) -> dict[str, Any]:
+    """Run the job to its end; also samples the summed RSS of the cluster's processes (those whose
+    environment names `marker`, the raylets' harness event file) and the driver, for the figures."""
     t0 = time.time()
     proc = job.start(opt_in)
+    peak = 0
     try:
-        rc = proc.wait(timeout=600)
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, rss_bytes(marker, proc.pid))
+            time.sleep(1.0)
+        rc = proc.wait(timeout=5)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return {"job": job, "rc": rc, "t0": t0, "t1": time.time(), "log": job.workdir / "job.log"}
+    return {"job": job, "rc": rc, "t0": t0, "t1": time.time(), "log": job.workdir / "job.log", "peak_rss": peak}
+
+
+def rss_bytes(marker: Path, driver: int) -> int:
+    """Summed resident memory of `driver` and every process whose environment contains `marker` (shared
+    pages counted once per process: an upper bound)."""
+    needle, total = str(marker).encode(), 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                ours = int(d) == driver or needle in f.read()
+            if ours:
+                with open(f"/proc/{d}/statm") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def _cluster_state(dep: Any) -> list[Any]:
