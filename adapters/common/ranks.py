@@ -221,8 +221,8 @@ def _attach(job: str, token: str, role: str) -> NodeRank:
     from rollmux.sidecar import env, shim
 
     rank_no = int(os.environ.get("RANK") or 0)
-    handle = shim.attach_rank(socket=os.environ[env.SIDECAR_SOCKET], job=job, job_token=token, rank=rank_no,
-                              event_log=os.environ.get(env.EVENT_LOG) or None)
+    # no shim phase log: the controller's rank logs the job's phase spans; a rank's go to the adapter log
+    handle = shim.attach_rank(socket=os.environ[env.SIDECAR_SOCKET], job=job, job_token=token, rank=rank_no)
     rt = handle._rt  # noqa: SLF001 - the node the sidecar answered for
     node = rt.node_id
     key = f"{node}/{os.getpid()}"
@@ -258,11 +258,14 @@ def _follow(rank: NodeRank, after: int) -> None:
         error, nodes = "", ()
         try:
             if action == Action.OPEN:
+                t_request = time.time()
                 rank.ctx = rank.handle.enter(phase, iteration)
                 nodes = tuple(rank.ctx.lease.nodes) if rank.ctx.lease is not None else ()
+                rank.ctx.t_request = t_request
             elif action == Action.CLOSE and rank.ctx is not None:
                 ctx, rank.ctx = rank.ctx, None
                 rank.handle.exit(ctx)
+                _record_phase(rank, ctx)
             elif action == Action.DETACH:
                 rank.handle.close(job_done=False)
         except Exception as exc:  # noqa: BLE001 - reported to the controller, which stops the job
@@ -270,6 +273,15 @@ def _follow(rank: NodeRank, after: int) -> None:
         ray.get(rank.board.done.remote(rank.key, seq, error, nodes))
         if action == Action.DETACH:
             return
+
+
+def _record_phase(rank: NodeRank, ctx: Any) -> None:
+    """The rank's part of a phase, as an adapter record (not a phase span: one span per node and job is
+    the controller's, ``rollmux.demo.report.spans`` reads those)."""
+    lease = ctx.lease
+    record("rank_phase", job=rank.job, node=rank.node, phase=ctx.phase, iteration=ctx.iteration,
+           epoch=lease.epoch if lease is not None else 0, nodes=list(lease.nodes) if lease is not None else [],
+           t_request=round(ctx.t_request, 6), t_start=round(ctx.t_start, 6), t_end=round(time.time(), 6))
 
 
 # ------------------------------------------------------------------------------------ controller

@@ -190,34 +190,50 @@ def test_every_phase_is_granted_and_released_on_each_nodes_own_sidecar(runs: dic
 
 
 def test_ranks_on_each_node_hold_that_nodes_permit_and_it_covers_exactly_the_attach_nodes(runs: dict[str, Any]) -> None:
-    """I1 in this layout: the permit of every phase covers exactly the nodes the ranks attached on."""
-    owned = [r for r in runs["phases"] if r.get("job") == JOB and r.get("owner") and r.get("node") in GPU_NODES]
-    by_node: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for r in owned:
-        by_node[r["node"]].append((r["phase"], r["iteration"]))
-    for node in GPU_NODES:
-        per_rank = len(attached_pids(runs)[node])
-        assert sorted(by_node[node]) == sorted(PHASES * per_rank), (node, by_node[node])
+    """Every rank holds every phase on its node, under a permit (epoch) its own node's sidecar granted; I1
+    in this layout: every permit covers exactly the nodes the job's GPU ranks attached on."""
+    rank_phases = [r for r in runs["phases"] if r.get("event") == "rank_phase" and r.get("job") == JOB]
     attach = {r["node"] for r in runs["phases"] if r.get("event") == "rank_attached" and r.get("job") == JOB}
     assert attach == set(GPU_NODES), attach  # the adapter's GPU ranks (the TaskRunner's own rank is not one)
+    for node in GPU_NODES:
+        ranks = len({r["pid"] for r in runs["phases"] if r.get("event") == "rank_attached" and r["node"] == node})
+        held = [(r["phase"], r["iteration"]) for r in rank_phases if r["node"] == node and r["epoch"] > 0]
+        assert sorted(held) == sorted(PHASES * ranks), (node, held)
+        granted = {(r["phase"], r["iteration"], r["epoch"]) for r in runs["node_events"]
+                   if r.get("event") == "granted" and r.get("job") == JOB and r["node"] == node}
+        assert {(r["phase"], r["iteration"], r["epoch"]) for r in rank_phases if r["node"] == node} <= granted
+    assert {tuple(r["nodes"]) for r in rank_phases} == {GPU_NODES}
     entered = [r for r in runs["phases"] if r.get("event") == "ranks_entered" and r.get("job") == JOB]
     assert [(r["phase"], r["iteration"]) for r in entered] == PHASES
     assert {tuple(r["nodes"]) for r in entered} == {GPU_NODES}, [r["nodes"] for r in entered]
     assert {tuple(r["placement"].get("train", ())) for r in entered} == {GPU_NODES}
 
 
+def held_by_node(runs: dict[str, Any], phase: str) -> dict[str, list[tuple[float, float]]]:
+    """Node -> (granted, released) times of the job's `phase` permits, as that node's own sidecar logged them."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    granted: dict[tuple[str, int], float] = {}
+    for r in runs["node_events"]:
+        if r.get("job") != JOB or r.get("phase") != phase:
+            continue
+        if r["event"] == "granted":
+            granted[(r["node"], r["iteration"])] = r["t"]
+        elif r["event"] == "released":
+            out[r["node"]].append((granted.pop((r["node"], r["iteration"])), r["t"]))
+    return out
+
+
 def test_rollout_requests_run_only_inside_a_rollout_permit_on_their_node(runs: dict[str, Any]) -> None:
     """A rank enters a phase only once its node's permit is granted: every generate call on a node falls
-    inside a rollout held there."""
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in runs["phases"]:
-        if r.get("job") == JOB and r.get("owner") and r.get("phase") == "rollout":
-            spans[r["node"]].append((r["t_start"], r["t_end"]))
+    between that node's sidecar granting a rollout and releasing it."""
+    held = held_by_node(runs, "rollout")
+    assert sorted(held) == list(GPU_NODES) and all(len(v) == 2 for v in held.values()), held
     generated = [r for r in _during(runs, "mux", runs["harness"]) if r["kind"] == "server.generate"]
     assert generated
     pid_node = {p: n for n, pids in gpu_pids(runs).items() for p in pids}
+    assert {pid_node.get(g["pid"]) for g in generated} == set(GPU_NODES), "both replicas generate"
     outside = [(pid_node.get(g["pid"]), g["start"]) for g in generated
-               if not any(a <= g["start"] and g["end"] <= b for a, b in spans[pid_node.get(g["pid"], "")])]
+               if not any(a <= g["start"] and g["end"] <= b for a, b in held[pid_node.get(g["pid"], "")])]
     assert not outside, f"generate calls outside a rollout permit on their node: {outside[:5]}"
 
 
