@@ -32,7 +32,7 @@ class DeferredPush:
 # ------------------------------------------------------------------------------------- worker side
 def worker_to(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Wraps veRL's ``TrainingWorker.to(device, model, optimizer, grad)``: after a move to the host, the
-    blocks it freed go back to the driver (veRL empties the cache after the model, not the optimizer)."""
+    cached blocks it freed are given back to the device (veRL empties the cache after the model only)."""
     result = wrapped(*args, **kwargs)
     device = args[0] if args else kwargs.get("device", "")
     if memory.empties_cache_after(str(device)):
