@@ -14,7 +14,8 @@ and come back warm at the next start. Between two phases a co-located (hybrid en
   the plugin loads too; veRL's ``@register`` metadata is kept, so worker groups bind it as before) and
   empties the cache after every move to the host (:func:`empties_cache_after`). Wrapping the worker
   method, not following the RPC with a second one, keeps it inside the call whose time the runner
-  measures, and covers every worker group built on ``TrainingWorker`` (the actor's and a critic's).
+  measures, and covers every move of a ``TrainingWorker`` (the actor's; a critic's where veRL moves it:
+  the runner moves only ``actor_rollout_wg``, docs/how-to/run-verl.md lists the critic's settings).
 * **Rollout engines** (the hybrid engine's replicas on the training GPUs): veRL itself puts them to
   sleep at the end of every rollout (``CheckpointEngineManager.sleep_replicas``), at the level below.
   vLLM: level 2 (weights and KV cache discarded) unless the next weight push cannot restore the
