@@ -28,7 +28,7 @@ from rollmux.adapters.common.phases import PhaseRecord
 from rollmux.adapters.common.ranks import RanksGate
 from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.adapters.common.relocation import record  # also `runner.record` for the plugin and targets
-from rollmux.adapters.verl import relocation
+from rollmux.adapters.verl import offload, relocation
 from rollmux.sidecar import env
 from rollmux.sidecar.api import phase_pool
 
@@ -99,6 +99,7 @@ class Runner:
     declined: set[int] = field(default_factory=set)  # relocation directive epochs this job will not honour
     relocating: int | None = None  # the directive epoch checkpointed for at the last Sync (acknowledged next)
     resumed: int | None = None  # restarted after a relocation: the iteration it resumes at (relocation.py)
+    pending_push: Any = None  # offload.DeferredPush: Sync's weight push, run at the next Rollout (memory.py)
     finished: bool = False
 
     def gate_for(self, phase: str) -> RanksGate | RankGate | ShimGate:
@@ -151,6 +152,8 @@ class Runner:
             self.resumed = None
             if path and os.path.exists(path):
                 os.remove(path)
+        if phase == "rollout":
+            offload.run_deferred_push(self)  # the engine wakes inside the Rollout's permit
 
     def check_resumed(self, trainer: Any) -> None:
         """After veRL loaded its checkpoint: a relocated job must resume at the step it left.
@@ -174,12 +177,16 @@ class Runner:
         record("boundary", job=self.job, phase=rec.phase, iteration=rec.iteration,
                acquire_s=round(rec.acquire_s, 6), release_s=round(rec.release_s, 6))
 
-    def _move(self, device: str, times: list[float]) -> None:
+    def moves_state(self) -> bool:
+        """True when this runner offloads the trainer state between phases (veRL does not do it itself)."""
         wg = getattr(self.trainer, "actor_rollout_wg", None)
-        if wg is None or not hasattr(wg, "to") or _engine_offloads(self.trainer):
+        return wg is not None and hasattr(wg, "to") and not _engine_offloads(self.trainer)
+
+    def _move(self, device: str, times: list[float]) -> None:
+        if not self.moves_state():
             return
         t0 = time.perf_counter()
-        wg.to(device, model=True, optimizer=True, grad=True)
+        self.trainer.actor_rollout_wg.to(device, model=True, optimizer=True, grad=True)
         times.append(time.perf_counter() - t0)
         record("offload" if device == "cpu" else "reload", job=self.job, seconds=round(times[-1], 6))
 

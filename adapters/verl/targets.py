@@ -20,8 +20,12 @@ old/ref log-prob, values, reward, critic and   train begins (the trainer object 
 actor updates (both trainers)                  the offload between phases)
 ``CheckpointEngineManager.update_weights``     sync (the whole call); before the first rollout it
                                                is the initial weight push and opens rollout(0). A
-                                               pending relocation directive is honoured at its end
+                                               ``naive`` push at sync is deferred to the next
+                                               rollout's start (:mod:`.memory`). A pending
+                                               relocation directive is honoured at its end
                                                (:mod:`.relocation`)
+``TrainingWorker.to`` (worker processes)       none: the device cache is emptied after a move to
+                                               the host (:mod:`.memory`)
 ``_load_checkpoint`` (both trainers)           a relocated job resumed at the step it left
 ``ReplayBuffer._wait_for_next_poll`` (v1)      rollout progress to ``runtime_hook`` (one-node rollouts)
 ``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends (an open rollout after its
@@ -43,7 +47,7 @@ from typing import Any
 
 from rollmux.adapters.common import PatchTarget, begins, ends, ranks
 from rollmux.adapters.common.phases import around
-from rollmux.adapters.verl import driver, relocation, runner
+from rollmux.adapters.verl import driver, offload, relocation, runner
 from rollmux.sidecar import env
 
 SUPPORTED = ">=0.9,<0.10"
@@ -56,6 +60,7 @@ AGENT = "verl.experimental.agent_loop.agent_loop"
 AGENT_TQ = "verl.trainer.ppo.v1.agent_loop_tq"
 REPLAY = "verl.trainer.ppo.v1.replay_buffer"
 WORKER = "verl.single_controller.base.worker"
+WORKERS = "verl.workers.engine_workers"
 SERVERS = (("verl.workers.rollout.vllm_rollout.vllm_async_server", "vLLMHttpServer"),
            ("verl.workers.rollout.sglang_rollout.async_sglang_server", "SGLangHttpServer"))
 """Rollout server actors that hold GPU memory on their node (imported only where that engine is installed)."""
@@ -146,7 +151,9 @@ def targets() -> list[PatchTarget]:
         PatchTarget(module="verl.trainer.constants_ppo", attribute="get_ppo_ray_runtime_env",
                     wrapper=driver.runtime_env_wrapper),
         PatchTarget(module=CKPT, attribute="CheckpointEngineManager.update_weights",
-                    wrapper=around(_weights_before, _weights_after), inner=True, redecorate=_auto_await),
+                    wrapper=offload.update_weights(_weights_before, _weights_after), inner=True,
+                    redecorate=_auto_await),
+        PatchTarget(module=WORKERS, attribute="TrainingWorker.to", wrapper=offload.worker_to),
         PatchTarget(module=CKPT, attribute="CheckpointEngineManager.sleep_replicas",
                     wrapper=ends(_tracker, "rollout"), inner=True, redecorate=_auto_await),
         PatchTarget(module=CKPT, attribute="CheckpointEngineManager.wake_up_replicas",

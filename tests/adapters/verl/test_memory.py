@@ -4,6 +4,7 @@ veRL 0.9.1's own default config (``verl/trainer/config/ppo_trainer.yaml`` compos
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -72,3 +73,68 @@ def test_separate_async_is_refused_before_the_sidecar_is_even_looked_for(tmp_pat
     with pytest.raises(AdapterError, match="no sidecar socket exists"):  # a gated mode gets to the sidecar check
         driver.register_from_config(compose("trainer.v1.trainer_mode=colocate_async"))
     assert driver.identity() is None
+
+
+@pytest.mark.parametrize(("backend", "phase", "timing"), [
+    ("naive", "sync", memory.PushTiming.NEXT_ROLLOUT),  # would wake the co-located engine until the next rollout
+    ("naive", "rollout", memory.PushTiming.NOW),  # the first push, or one that wakes the engine for a rollout
+    ("naive", None, memory.PushTiming.NOW),  # a process that gates nothing
+    ("nccl", "sync", memory.PushTiming.NOW),  # disaggregated engines: not on the Sync permit's nodes
+    ("rollmux", "sync", memory.PushTiming.NOW),
+], ids=["naive-sync", "naive-rollout", "naive-ungated", "nccl-sync", "rollmux-sync"])
+def test_a_colocated_push_at_sync_waits_for_the_next_rollout(backend: str, phase: str | None,
+                                                             timing: memory.PushTiming) -> None:
+    assert memory.push_timing(backend=backend, phase=phase) is timing
+
+
+def test_a_deferred_push_reloads_the_model_only_when_the_runner_offloaded_it() -> None:
+    S = memory.PushStep
+    assert memory.deferred_push_steps(runner_moves_state=True) == (S.RELOAD_MODEL, S.PUSH, S.OFFLOAD_MODEL)
+    assert memory.deferred_push_steps(runner_moves_state=False) == (S.PUSH,)  # veRL offloads around its push
+
+
+class RecordingEngine:
+    """Stands in for veRL's FSDP engine on a CPU machine: records each move into the adapter's event log,
+    so the worker's cache emptying can be ordered after it."""
+
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
+        from rollmux.adapters.common.relocation import record
+
+        record("engine_to", device=device, optimizer=optimizer)
+
+
+def test_the_worker_empties_its_device_cache_after_each_move_to_the_host(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """veRL's ``TrainingWorker.to`` wrapped in the worker with its ``@register`` metadata kept (worker groups
+    bind it from there); the cache emptied after the engine moved the optimizer, never after a reload."""
+    import verl.workers.engine_workers as workers
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+
+    from rollmux.adapters.common import Patcher, is_patched
+    from rollmux.adapters.common.registration import opted_in
+    from rollmux.adapters.verl import targets
+    from rollmux.sidecar import env
+
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv(env.EVENT_LOG, str(events))
+    monkeypatch.setenv(env.JOB, "j")
+    assert not opted_in()  # this process's veRL is not patched by the plugin: the test patches it alone
+    dispatch = dict(getattr(workers.TrainingWorker.to, MAGIC_ATTR))
+    patcher = Patcher(adapter="verl", distribution="verl", supported=targets.SUPPORTED, remedy="(test)",
+                      targets=[t for t in targets.targets() if t.dotted == f"{targets.WORKERS}:TrainingWorker.to"])
+    assert patcher.patch()
+    try:
+        assert is_patched(workers.TrainingWorker.to)
+        assert getattr(workers.TrainingWorker.to, MAGIC_ATTR) == dispatch
+        worker = object.__new__(workers.TrainingWorker)
+        worker.engine = RecordingEngine()
+        worker.to("cpu", model=True, optimizer=True, grad=True)
+        worker.to("device", model=True, optimizer=True, grad=True)
+        worker.to(device="cpu", model=True, optimizer=False, grad=False)
+    finally:
+        patcher.unpatch()
+    assert not is_patched(workers.TrainingWorker.to)
+    seen = [(r["event"], r.get("device"), r.get("job")) for r in map(json.loads, events.read_text().splitlines())]
+    device = seen[2][1]
+    assert seen == [("engine_to", "cpu", None), ("worker_cache_emptied", None, "j"), ("engine_to", device, None),
+                    ("engine_to", "cpu", None), ("worker_cache_emptied", None, "j")]

@@ -168,3 +168,30 @@ def test_killed_job_frees_its_nodes_within_the_lease_ttl_and_the_others_finish(r
     assert runs["mux"][VICTIM].rc != 0
     assert w.freed_after_s is not None and w.freed_after_s <= LEASE_TTL_S + 2.0, w.freed_after_s
     assert {n: runs["mux"][n].rc for n in ("v1job", "legacyjob")} == {"v1job": 0, "legacyjob": 0}
+
+
+def test_every_release_leaves_the_engine_asleep_and_the_trainer_state_on_the_host(runs: dict) -> None:
+    """I2 on the harness: at each phase release of an opted-in job its rollout engine holds nothing (the
+    harness records what veRL's push resumes, ``adapter.resume``, and the server's sleep, as vLLM would
+    map and unmap them), so the push that wakes it runs inside a Rollout's permit; and each offload of
+    the trainer state ends with the worker's device cache emptied."""
+    sp = spans(runs["events"])
+    for name in ("v1job", "legacyjob"):
+        harness = read_jsonl(runs["mux"][name].job.workdir / "harness.jsonl")
+        changes = sorted((r["t"], r.get("tags")) for r in harness if r["kind"] in ("adapter.resume", "server.sleep"))
+        own = [s for s in sp if s.job == name]
+        for s in own:
+            awake: set[str] = set()
+            for t, tags in changes:
+                if t > s.end:
+                    break
+                awake = set() if tags is None else awake | set(tags)  # tags None: the server slept
+            assert not awake, f"{name} released {s.phase}({s.iteration}) with the engine's {sorted(awake)} awake"
+        kv = [t for t, tags in changes if tags and "kv_cache" in tags]
+        woke_in = [next((s.phase, s.iteration) for s in own if s.start <= t <= s.end) for t in kv]
+        assert woke_in == [("rollout", 0), ("rollout", 1)], woke_in  # the last Sync's push: no rollout reads it
+        adapter = [r for r in runs["events"] if r.get("kind") == "adapter" and r.get("job") == name]
+        trainer_pid = next(r["pid"] for r in adapter if r["event"] == "attached")
+        offloads = [r for r in adapter if r["event"] == "offload"] + [r for r in adapter if r["event"] == "push"]
+        emptied = [r for r in adapter if r["event"] == "worker_cache_emptied" and r["pid"] != trainer_pid]
+        assert len(offloads) == 3 and len(emptied) >= len(offloads), (offloads, emptied)

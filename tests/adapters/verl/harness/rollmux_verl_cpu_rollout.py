@@ -136,7 +136,7 @@ class HFCPUServerAdapter(BaseRollout):
         self.leader = rank % world == 0
 
     async def resume(self, tags: list[str]) -> None:
-        return None
+        event("adapter.resume", tags=list(tags))  # what vLLM would map back onto the GPU (weights, kv_cache)
 
     async def release(self) -> None:
         return None
