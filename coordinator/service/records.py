@@ -141,6 +141,9 @@ class PermitRecord:
     nodes: tuple[str, ...] = ()  # nodes the lease holds now (shrinks on long-tail migration)
     migrated: bool = False  # a migration directive was issued for this lease
     last_released_epoch: int = 0  # makes a retried release idempotent
+    freed_nodes: tuple[str, ...] = ()  # nodes this lease let go before it ended: released by their own sidecar
+    # (per-node release) or consolidated away (long-tail migration); a repeated release naming one is a retry
+    node_release_s: float = 0.0  # longest phase duration a per-node release of this lease reported so far
     observed_roll_s: float = 0.0  # moving average of measured rollout durations
     observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations
     iter_roll_s: float = 0.0  # this iteration's measured rollout so far (fed to the phase learner at Sync)
@@ -160,6 +163,7 @@ class PermitRecord:
         return dumps({"job": self.job, "phase": self.phase.value, "iteration": self.iteration,
                       "state": self.state.value, "epoch": self.epoch, "nodes": list(self.nodes),
                       "migrated": self.migrated, "last_released_epoch": self.last_released_epoch,
+                      "freed_nodes": list(self.freed_nodes), "node_release_s": self.node_release_s,
                       "observed_roll_s": self.observed_roll_s, "observed_train_s": self.observed_train_s,
                       "iter_roll_s": self.iter_roll_s, "iter_train_s": self.iter_train_s, "history": self.history})
 
@@ -169,6 +173,7 @@ class PermitRecord:
         d["phase"] = Phase(d["phase"])
         d["state"] = PermitState(d["state"])
         d["nodes"] = tuple(d["nodes"])
+        d["freed_nodes"] = tuple(d.get("freed_nodes", ()))  # absent from records stored by earlier versions
         return cls(**d)
 
 

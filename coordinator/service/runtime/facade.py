@@ -196,8 +196,8 @@ class Runtime:
     def renew(self, name: str, epoch: int) -> float:
         return self.leases.renew(name, epoch)
 
-    def release(self, name: str, epoch: int, duration_s: float) -> ReleaseResult:
-        return self.leases.release(name, epoch, duration_s)
+    def release(self, name: str, epoch: int, duration_s: float, *, node_id: str = "") -> ReleaseResult:
+        return self.leases.release(name, epoch, duration_s, node_id=node_id)
 
     def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
         return self.leases.advance(name, epoch, duration_s)
@@ -291,6 +291,8 @@ class Runtime:
                 for n in p.nodes:
                     assert n not in held, f"node {n} held by both {held[n]} and {p.job}"
                     held[n] = p.job
+                again = set(p.nodes) & set(p.freed_nodes)
+                assert not again, f"{p.describe()} holds node(s) {sorted(again)} it already released"
         assert held == holder, f"holder map {holder} disagrees with leases {held}"
         for p in state.permits.values():  # a lease holds only nodes of its job's group (relocation moved it whole)
             job = state.jobs.get(p.job)
