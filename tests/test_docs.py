@@ -17,9 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = ".venv/bin/python scripts/gen_reference.py"
 MAX_PAGE_BYTES = 25 * 1024
 MAX_README_LINES = 200
-# Pages that are linked before they exist because they arrive with other work (the device check's how-to);
-# a link to one of these may dangle until it lands. Remove an entry once its page is in the tree.
-PENDING = {"docs/how-to/gpu-check.md"}
 
 
 def _pages() -> list[Path]:
@@ -73,8 +70,7 @@ def test_relative_links_resolve(page: Path) -> None:
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            if str(dest.relative_to(ROOT)) not in PENDING:
-                broken.append(f"{target}: no such file")
+            broken.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             broken.append(f"{target}: no heading with that anchor in {dest.relative_to(ROOT)}")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
