@@ -106,6 +106,7 @@ class JobRecord:
     placement: str = ""  # the policy's explanation
     deployment: str = "disaggregated"  # the chosen rollmux.model.Deployment (returned at registration)
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
+    attach_nodes: tuple[str, ...] = ()  # nodes whose sidecar reported a rank of the job attached (I4)
     moves: int = 0  # relocations between groups so far
     history: list = field(default_factory=list)
 
@@ -117,7 +118,8 @@ class JobRecord:
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
                       "placement": self.placement, "deployment": self.deployment,
-                      "relayed_by": self.relayed_by, "moves": self.moves, "history": self.history})
+                      "relayed_by": self.relayed_by, "attach_nodes": list(self.attach_nodes), "moves": self.moves,
+                      "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> JobRecord:
@@ -125,6 +127,7 @@ class JobRecord:
         d["spec"] = spec_from_dict(d["spec"])
         d["state"] = JobState(d["state"])
         d["rollout_nodes"] = tuple(d["rollout_nodes"])
+        d["attach_nodes"] = tuple(d.get("attach_nodes", ()))  # absent from records stored by earlier versions
         d.pop("train_nodes", None)  # stored by earlier versions; the group record holds them
         return cls(**d)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 
 from rollmux.coordinator.service.api import (
     FailedPreconditionError,
@@ -43,6 +44,16 @@ class ReleaseResult:
     next_iteration: int
     already_released: bool  # a retried release of the same epoch (or of the same node of it)
     held_nodes: tuple[str, ...] = ()  # nodes of the permit not released yet (empty: the permit is RELEASED)
+
+
+class UnusedNode(str, Enum):
+    """What the coordinator did with a node its sidecar reported granted to a job with no rank there."""
+
+    RELEASED = "released"  # released on the job's behalf: its ranks attached elsewhere, not there
+    KEPT_NO_ATTACH_YET = "kept-no-attach-yet"  # no rank of the job attached anywhere yet: one may still come
+    KEPT_ATTACHED = "kept-attached"  # another sidecar of the job reported a rank there meanwhile
+    KEPT_NOTHING_RAN = "kept-nothing-ran"  # the permit's last node and no node released it: the lease lapses
+    STALE = "stale"  # the lease ended or no longer holds the node
 
 
 class Leases:
@@ -219,6 +230,27 @@ class Leases:
             return ReleaseResult(next_phase=upcoming[0], next_iteration=upcoming[1], already_released=False,
                                  held_nodes=permit.nodes)
         return self._end(permit, max(duration_s, permit.node_release_s))
+
+    def grant_without_rank(self, node_id: str, name: str, epoch: int) -> UnusedNode:
+        """Node `node_id`'s sidecar got job `name`'s grant `epoch` with no rank of the job attached there.
+
+        The node is released on the job's behalf when the job's ranks attached on other nodes (the job
+        is not on this one), unless that would end a permit no node of which released: then nothing of
+        the phase ran and the lease lapses at its TTL instead of skipping the phase.
+        """
+        state = self.state
+        job, permit = state.jobs.get(name), state.permits.get(name)
+        if (job is None or permit is None or permit.state is not PermitState.GRANTED or permit.epoch != epoch
+                or node_id not in permit.nodes):
+            return UnusedNode.STALE
+        if not job.attach_nodes:
+            return UnusedNode.KEPT_NO_ATTACH_YET
+        if node_id in job.attach_nodes:
+            return UnusedNode.KEPT_ATTACHED
+        if len(permit.nodes) == 1 and not permit.freed_nodes:
+            return UnusedNode.KEPT_NOTHING_RAN
+        self.release(name, epoch, 0.0, node_id=node_id)
+        return UnusedNode.RELEASED
 
     def _release_node(self, permit: PermitRecord, node_id: str, duration_s: float) -> None:
         """One node of a lease that goes on released: free it alone, hand it to the phases waiting for it."""

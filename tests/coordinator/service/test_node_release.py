@@ -173,3 +173,70 @@ def test_random_jobs_and_node_release_orders_keep_the_invariants(seed: int) -> N
             still = now == job and rt.permits[job].epoch == epoch
             assert still or node in allowed, f"seed {seed}: node {node} of {job} epoch {epoch} taken by step"
     assert sum(len(g) for g in granted.values()) > len(jobs), f"seed {seed}: the run made no progress"
+
+
+# ------------------------------------------------------------- a grant on a node without ranks
+def test_a_node_granted_to_a_job_without_ranks_there_is_released_on_its_behalf() -> None:
+    from rollmux.coordinator.service.runtime.leases import UnusedNode
+
+    rt, _ = make_runtime()
+    shared, other = two_node_rollout(rt)
+    pa = grant(rt, "a")
+    assert rt.grant_without_rank(shared, "a", pa.epoch) is UnusedNode.KEPT_NO_ATTACH_YET  # ranks may still come
+    rt.report_attach("a", other)
+    assert rt.grant_without_rank(other, "a", pa.epoch) is UnusedNode.KEPT_ATTACHED
+    assert rt.grant_without_rank(shared, "a", pa.epoch) is UnusedNode.RELEASED
+    assert rt.holder[shared] == "b" and rt.permits["a"].nodes == (other,)
+    assert rt.grant_without_rank(shared, "a", pa.epoch) is UnusedNode.STALE
+    rt.check_invariants()
+
+
+def test_a_permit_no_node_released_is_not_ended_by_a_node_without_ranks() -> None:
+    from rollmux.coordinator.service.runtime.leases import UnusedNode
+
+    rt, _ = make_runtime()
+    register(rt, "a")
+    pa = grant(rt, "a")
+    (node,) = pa.nodes
+    rt.report_attach("a", "t0")
+    assert rt.grant_without_rank(node, "a", pa.epoch) is UnusedNode.KEPT_NOTHING_RAN
+    assert rt.permits["a"].state is PermitState.GRANTED and rt.permits["a"].phase is Phase.ROLLOUT
+
+
+# ------------------------------------------------------------------------ I4: where it runs
+def test_an_attach_outside_the_placement_is_refused_naming_both_node_sets() -> None:
+    from rollmux.coordinator.service.api import PlacementMismatchError
+
+    rt, _ = make_runtime()
+    register(rt, "a")
+    placed = rt.state.job_nodes(rt.jobs["a"])
+    outside = next(n for n in rt.nodes if n not in placed)
+    assert rt.report_attach("a", placed[0]) == (placed, (placed[0],))
+    rt.take_changes()
+    with pytest.raises(PlacementMismatchError) as err:
+        rt.report_attach("a", outside)
+    assert all(n in str(err.value) for n in (*placed, outside))
+    assert rt.take_changes() == ({}, []) and rt.jobs["a"].attach_nodes == (placed[0],)
+
+
+def test_a_pending_job_is_admitted_onto_the_nodes_its_ranks_attached_on() -> None:
+    from rollmux.model import Pool
+
+    from .builders import TB
+
+    rt, _ = make_runtime(n_rollout=1, n_train=1)
+    register(rt, "a", slo=1.0)  # r0 + t0, a group of its own
+    assert register(rt, "p", slo=1.0).state.value == "pending"  # no free nodes
+    for n, pool in (("r1", Pool.ROLLOUT), ("r2", Pool.ROLLOUT), ("t1", Pool.TRAIN), ("t2", Pool.TRAIN)):
+        rt.register_node(node_id=n, pool=pool, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * TB, nvml={})
+    assert rt.report_attach("p", "r2") == ((), ("r2",))
+    assert rt.report_attach("p", "t2") == ((), ("r2", "t2"))
+    rt.node_connected("r1")
+    rt.node_connected("t1")  # free nodes, but not where p's ranks are: p waits, naming them
+    assert rt.jobs["p"].state.value == "pending" and "attached on node(s) r2, t2" in rt.wait_reason("p")
+    rt.check_invariants()
+    rt.node_connected("r2")
+    rt.node_connected("t2")
+    assert rt.jobs["p"].state.value == "admitted"
+    assert set(rt.state.job_nodes(rt.jobs["p"])) == {"r2", "t2"}
+    rt.check_invariants()
