@@ -48,9 +48,9 @@ from rollmux.sidecar.agent_relocations import HeldRelocations
 from rollmux.sidecar.api import (
     Connection,
     ConnectionState,
+    PlacementMismatchError,
     RankLease,
     RankLeaseError,
-    PlacementMismatchError,
     RankState,
     SidecarUnreachableError,
 )

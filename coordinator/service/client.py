@@ -440,9 +440,10 @@ class NodeSession:
             beat = time.monotonic() + gap
             while not self._stop.is_set() and (left := beat - time.monotonic()) > 0:
                 try:
-                    yield self._reports.get(timeout=min(left, 0.2))
+                    report = self._reports.get(timeout=min(left, 0.2))
                 except queue.Empty:
-                    pass
+                    continue
+                yield report
             gap = self.heartbeat_s
 
     def _run(self) -> None:

@@ -25,6 +25,14 @@ def two_node_rollout(rt: Runtime) -> tuple[str, str]:
     return shared, other
 
 
+def half_released(rt: Runtime, duration_s: float = 1.0):  # type: ignore[no-untyped-def]
+    """`two_node_rollout` with a's rollout granted and released on the shared node: (shared, other, permit)."""
+    shared, other = two_node_rollout(rt)
+    pa = grant(rt, "a")
+    rt.release("a", pa.epoch, duration_s, node_id=shared)
+    return shared, other, pa
+
+
 def test_a_node_released_by_its_sidecar_goes_to_the_next_job_while_the_other_node_holds() -> None:
     rt, _ = make_runtime()
     shared, other = two_node_rollout(rt)
@@ -46,9 +54,7 @@ def test_a_node_released_by_its_sidecar_goes_to_the_next_job_while_the_other_nod
 
 def test_the_next_phase_waits_until_every_node_released() -> None:
     rt, _ = make_runtime()
-    shared, _ = two_node_rollout(rt)
-    pa = grant(rt, "a")
-    rt.release("a", pa.epoch, 1.0, node_id=shared)
+    half_released(rt)
     assert rt.permits["a"].phase is Phase.ROLLOUT
     from rollmux.coordinator.service.api import FailedPreconditionError
 
@@ -58,9 +64,7 @@ def test_the_next_phase_waits_until_every_node_released() -> None:
 
 def test_a_repeated_node_release_is_a_no_op_and_a_foreign_node_is_refused() -> None:
     rt, _ = make_runtime()
-    shared, other = two_node_rollout(rt)
-    pa = grant(rt, "a")
-    rt.release("a", pa.epoch, 1.0, node_id=shared)
+    shared, other, pa = half_released(rt)
     rt.take_changes()
     again = rt.release("a", pa.epoch, 1.0, node_id=shared)
     assert again.already_released and again.held_nodes == (other,)
@@ -74,9 +78,7 @@ def test_a_repeated_node_release_is_a_no_op_and_a_foreign_node_is_refused() -> N
 
 def test_a_release_without_node_id_ends_the_whole_permit() -> None:
     rt, _ = make_runtime()
-    shared, other = two_node_rollout(rt)
-    pa = grant(rt, "a")
-    rt.release("a", pa.epoch, 1.0, node_id=shared)
+    shared, other, pa = half_released(rt)
     res = rt.release("a", pa.epoch, 2.0)
     assert res.held_nodes == () and rt.permits["a"].phase is Phase.TRAIN and other not in rt.holder
     rt.check_invariants()
@@ -84,9 +86,7 @@ def test_a_release_without_node_id_ends_the_whole_permit() -> None:
 
 def test_expiry_of_a_partly_released_permit_frees_only_the_nodes_still_held() -> None:
     rt, clock = make_runtime(ttl=5.0)
-    shared, other = two_node_rollout(rt)
-    pa = grant(rt, "a")
-    rt.release("a", pa.epoch, 1.0, node_id=shared)
+    shared, other, pa = half_released(rt)
     pb = rt.permits["b"]
     rt.take_changes()
     clock.advance(4.0)
@@ -102,9 +102,7 @@ def test_expiry_of_a_partly_released_permit_frees_only_the_nodes_still_held() ->
 
 def test_the_stored_form_keeps_node_releases_and_older_records_load() -> None:
     rt, clock = make_runtime()
-    shared, other = two_node_rollout(rt)
-    pa = grant(rt, "a")
-    rt.release("a", pa.epoch, 4.0, node_id=shared)
+    shared, other, _ = half_released(rt, 4.0)
     back = Runtime.from_records(rt.records(), rt.cluster, rt.config, clock=clock, wall=clock)
     assert back.permits["a"].freed_nodes == (shared,) and back.permits["a"].node_release_s == 4.0
     assert back.holder == {other: "a", shared: "b"}
