@@ -40,6 +40,7 @@ from rollmux.coordinator.service.api import (
 )
 from rollmux.coordinator.service.client import CoordinatorClient, JobClient, NodeSession
 from rollmux.model import Relocation
+from rollmux.proto import convert
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.sidecar.agent_permits import PermitRelay
 from rollmux.sidecar.agent_records import AgentConfig, LocalJob
@@ -47,6 +48,7 @@ from rollmux.sidecar.agent_relocations import HeldRelocations
 from rollmux.sidecar.api import (
     Connection,
     ConnectionState,
+    PlacementMismatchError,
     RankLease,
     RankLeaseError,
     RankState,
@@ -175,9 +177,20 @@ class NodeAgent(PermitRelay):
     def _fan_out(self, job_name: str, event: tuple[str, Any]) -> None:
         with self._cv:  # queued under the lock, so that no replay on attach can overtake it
             job = self._jobs.get(job_name)
-            for r in job.live_ranks() if job else []:
+            ranks = job.live_ranks() if job else []
+            for r in ranks:
                 if r.rank_id in self._inbox:
                     self._inbox[r.rank_id].put(event)
+        if not ranks and event[0] == "granted":
+            self._grant_without_rank(job_name, event[1])
+
+    def _grant_without_rank(self, job_name: str, lease: pb.Lease) -> None:
+        """A grant for a job with no rank here: the job is not where its permit says. Recorded and told
+        to the coordinator, which releases this node of the permit on the job's behalf where it can."""
+        self._record("grant_without_rank", job=job_name, epoch=lease.epoch, phase=convert.PHASE_FROM_PB[lease.phase].value,
+                     iteration=lease.iteration)
+        if self._session is not None:
+            self._session.report_unused(job_name, lease.epoch)
 
 
     # ------------------------------------------------------------------------------ rank leases
@@ -213,6 +226,7 @@ class NodeAgent(PermitRelay):
             client = self.coordinator.job(job_name, job_token)
             try:
                 info = client.status()
+                self._report_attach(job_name)
             except (NotFoundError, PermissionDeniedError, UnauthenticatedError) as exc:
                 raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator, or the token is "
                                      f"not its token: register it first (rollmux.register) and pass the token "
@@ -237,6 +251,19 @@ class NodeAgent(PermitRelay):
             self._relocations.replay(job_name, inbox)  # after the Attached event: the stream sends that first
         self._record("rank_attached", job=job_name, rank=rank, pid=pid)
         return lease, inbox
+
+    def _report_attach(self, job_name: str) -> None:
+        """Tell the coordinator that the job has a rank on this node (I4), before the rank is attached.
+
+        Raises:
+            PlacementMismatchError: the job is placed on other nodes (the message names both sets).
+        """
+        try:
+            placed, attach = self.coordinator.report_attach(self.config.node_id, job_name, token=self.node_token)
+        except FailedPreconditionError as exc:
+            self._record("attach_refused", job=job_name, reason=str(exc))
+            raise PlacementMismatchError(str(exc)) from None
+        self._record("job_attached", job=job_name, placement=list(placed), attach_nodes=list(attach))
 
     def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False, conn: str = "") -> None:
         """End a rank's lease: a clean ``Detach`` or a dropped stream (the rank died). Idempotent.

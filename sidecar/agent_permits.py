@@ -179,7 +179,7 @@ class PermitRelay:
             duration = min(max(durations.values()), max(0.0, time.time() - job.granted_at))
         try:
             gpu_bytes = self._wait_gpu_memory(job.name, pids)
-            nxt_phase, nxt_it = job.client.release(permit, duration)
+            nxt_phase, nxt_it = job.client.release(permit, duration, node_id=self.config.node_id)  # this node alone
         finally:
             with self._cv:
                 job.permit, job.releasing, job.released = None, False, {}

@@ -42,6 +42,10 @@ class RankLeaseError(SidecarError):
     """A rank call the sidecar refuses: unknown rank id, stale epoch, or a call out of turn."""
 
 
+class PlacementMismatchError(RankLeaseError):
+    """The job's rank attaches on a node outside the job's placement (I4); names both node sets."""
+
+
 class IllegalTransitionError(SidecarError, lifecycle.IllegalTransitionError):
     """A state change the lifecycle's transition table does not allow."""
 

@@ -191,6 +191,10 @@ class StaleEpochError(FailedPreconditionError):
     """A renew, release or progress report carrying an epoch that no longer holds the lease."""
 
 
+class PlacementMismatchError(FailedPreconditionError):
+    """A job's ranks attach on a node outside its placement (I4); the message names both node sets."""
+
+
 class PermissionDeniedError(ServiceError):
     """Missing or wrong token, or a job touching another job's permit."""
 

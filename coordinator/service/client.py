@@ -18,6 +18,7 @@ same `ServiceError` subclasses the server uses (`StaleEpochError`, `PermissionDe
 from __future__ import annotations
 
 import contextlib
+import queue
 import random
 import secrets
 import threading
@@ -221,6 +222,16 @@ class CoordinatorClient:
                                      gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
         return self.call("RegisterNode", req, token=token, retry_s=retry_s, target=target)
 
+    def report_attach(self, node_id: str, job: str, *, token: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """A node's sidecar attached the first local rank of `job` (I4); `token` is its node token.
+        Returns (the job's placed nodes, empty while pending; the nodes its ranks attached on).
+
+        Raises:
+            FailedPreconditionError: the job is admitted on other nodes (the message names both sets).
+        """
+        resp = self.call("ReportAttach", pb.ReportAttachRequest(node_id=node_id, job=job), token=token)
+        return tuple(resp.placement_nodes), tuple(resp.attach_nodes)
+
     # ---- operator side ---------------------------------------------------------------------
     def cluster_state(self) -> pb.ClusterStateResponse:
         return self.call("GetClusterState", pb.ClusterStateRequest())
@@ -280,10 +291,16 @@ class JobClient:
         """Extend the lease. Raises `StaleEpochError` if it was lost (stop the phase at once)."""
         return self._call("RenewPermit", pb.RenewPermitRequest(job=self.name, epoch=permit.epoch)).ttl_s
 
-    def release(self, permit: Permit, duration_s: float) -> tuple[Phase, int]:
-        """End the phase; returns the job's next (phase, iteration). Safe to retry."""
+    def release(self, permit: Permit, duration_s: float, *, node_id: str = "") -> tuple[Phase, int]:
+        """End the phase; returns the job's next (phase, iteration). Safe to retry.
+
+        Args:
+            node_id: the node whose sidecar releases: that node alone is freed, and the job's next phase
+                is queued once every node of the permit released; "" (a client without a sidecar)
+                releases every node at once.
+        """
         resp = self._call("ReleasePermit", pb.ReleasePermitRequest(job=self.name, epoch=permit.epoch,
-                                                                   duration_s=duration_s))
+                                                                   duration_s=duration_s, node_id=node_id))
         return convert.PHASE_FROM_PB[resp.next_phase], resp.next_iteration
 
     def advance(self, permit: Permit, duration_s: float, *, timeout_s: float = 300.0) -> Permit:
@@ -396,6 +413,12 @@ class NodeSession:
         self.last_error: ServiceError | None = None  # why the last attempt to connect failed (None: it did not)
         self._thread = threading.Thread(target=self._run, name=f"rollmux-node-{node_id}", daemon=True)
         self._call: Any = None
+        self._reports: queue.Queue[pb.NodeUp] = queue.Queue()  # sent between heartbeats
+
+    def report_unused(self, job: str, epoch: int) -> None:
+        """Tell the coordinator that grant `epoch` of `job` reached this node with no rank of the job
+        here (best effort: sent on the open stream, dropped if the stream ends first)."""
+        self._reports.put(pb.NodeUp(unused=pb.GrantWithoutRank(job=job, epoch=epoch)))
 
     def start(self) -> NodeSession:
         self._thread.start()
@@ -414,7 +437,13 @@ class NodeSession:
         while not self._stop.is_set():
             yield pb.NodeUp(heartbeat=pb.NodeHeartbeat(active_epochs=list(self.active_epochs()),
                                                        nvml=self.facts() if self.facts else {}))
-            self._stop.wait(gap)
+            beat = time.monotonic() + gap
+            while not self._stop.is_set() and (left := beat - time.monotonic()) > 0:
+                try:
+                    report = self._reports.get(timeout=min(left, 0.2))
+                except queue.Empty:
+                    continue
+                yield report
             gap = self.heartbeat_s
 
     def _run(self) -> None:

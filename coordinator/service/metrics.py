@@ -24,6 +24,7 @@ class Metrics:
     permits_granted: Counter  # rollmux_permits_granted_total{pool}
     permits_revoked: Counter  # rollmux_permits_revoked_total{reason}
     permits_released: Counter  # rollmux_permits_released_total{pool}
+    permit_nodes_unused: Counter  # rollmux_permit_nodes_unused_total{outcome}: grants a node's sidecar had no rank for
     grant_latency: Histogram  # rollmux_grant_latency_seconds: nodes free -> grant durable and sent
     queue_length: Gauge  # rollmux_queue_length{pool}: queued phases summed over the pool's nodes
     bubble_seconds: Counter  # rollmux_bubble_seconds_total{pool}: node-seconds free while work was queued
@@ -48,6 +49,10 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
                                 ["reason"], registry=r),
         permits_released=Counter("rollmux_permits_released_total", "Run permits released by their holder",
                                  ["pool"], registry=r),
+        permit_nodes_unused=Counter("rollmux_permit_nodes_unused_total",
+                                    "Grants a node's sidecar got for a job with no rank on the node, by what "
+                                    "the coordinator did (released on the job's behalf, or kept)",
+                                    ["outcome"], registry=r),
         grant_latency=Histogram("rollmux_grant_latency_seconds",
                                 "From the moment a permit became grantable to its durable grant",
                                 buckets=GRANT_BUCKETS_S, registry=r),

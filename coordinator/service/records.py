@@ -106,6 +106,7 @@ class JobRecord:
     placement: str = ""  # the policy's explanation
     deployment: str = "disaggregated"  # the chosen rollmux.model.Deployment (returned at registration)
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
+    attach_nodes: tuple[str, ...] = ()  # nodes whose sidecar reported a rank of the job attached (I4)
     moves: int = 0  # relocations between groups so far
     history: list = field(default_factory=list)
 
@@ -117,7 +118,8 @@ class JobRecord:
                       "nonce_sha256": self.nonce_sha256, "seq": self.seq, "state": self.state.value,
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
                       "placement": self.placement, "deployment": self.deployment,
-                      "relayed_by": self.relayed_by, "moves": self.moves, "history": self.history})
+                      "relayed_by": self.relayed_by, "attach_nodes": list(self.attach_nodes), "moves": self.moves,
+                      "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> JobRecord:
@@ -125,6 +127,7 @@ class JobRecord:
         d["spec"] = spec_from_dict(d["spec"])
         d["state"] = JobState(d["state"])
         d["rollout_nodes"] = tuple(d["rollout_nodes"])
+        d["attach_nodes"] = tuple(d.get("attach_nodes", ()))  # absent from records stored by earlier versions
         d.pop("train_nodes", None)  # stored by earlier versions; the group record holds them
         return cls(**d)
 
@@ -141,6 +144,9 @@ class PermitRecord:
     nodes: tuple[str, ...] = ()  # nodes the lease holds now (shrinks on long-tail migration)
     migrated: bool = False  # a migration directive was issued for this lease
     last_released_epoch: int = 0  # makes a retried release idempotent
+    freed_nodes: tuple[str, ...] = ()  # nodes this lease let go before it ended: released by their own sidecar
+    # (per-node release) or consolidated away (long-tail migration); a repeated release naming one is a retry
+    node_release_s: float = 0.0  # longest phase duration a per-node release of this lease reported so far
     observed_roll_s: float = 0.0  # moving average of measured rollout durations
     observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations
     iter_roll_s: float = 0.0  # this iteration's measured rollout so far (fed to the phase learner at Sync)
@@ -160,6 +166,7 @@ class PermitRecord:
         return dumps({"job": self.job, "phase": self.phase.value, "iteration": self.iteration,
                       "state": self.state.value, "epoch": self.epoch, "nodes": list(self.nodes),
                       "migrated": self.migrated, "last_released_epoch": self.last_released_epoch,
+                      "freed_nodes": list(self.freed_nodes), "node_release_s": self.node_release_s,
                       "observed_roll_s": self.observed_roll_s, "observed_train_s": self.observed_train_s,
                       "iter_roll_s": self.iter_roll_s, "iter_train_s": self.iter_train_s, "history": self.history})
 
@@ -169,6 +176,7 @@ class PermitRecord:
         d["phase"] = Phase(d["phase"])
         d["state"] = PermitState(d["state"])
         d["nodes"] = tuple(d["nodes"])
+        d["freed_nodes"] = tuple(d.get("freed_nodes", ()))  # absent from records stored by earlier versions
         return cls(**d)
 
 

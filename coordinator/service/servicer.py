@@ -215,6 +215,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                outbox: asyncio.Queue[Notice | None]) -> None:
         try:
             async for msg in requests:
+                if msg.HasField("unused") and self.core.ready:
+                    await self._grant_without_rank(node_id, msg.unused)
+                    continue
                 if not (msg.HasField("heartbeat") and self.core.ready and node_id in self.core.rt.nodes):
                     continue
                 epochs = tuple(msg.heartbeat.active_epochs)
@@ -227,6 +230,27 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             pass
         finally:
             outbox.put_nowait(None)  # the sidecar went away: end the stream
+
+    async def _grant_without_rank(self, node_id: str, msg: pb.GrantWithoutRank) -> None:
+        """The node's sidecar got a grant for a job with no rank there: record it (log, metric) and
+        release that node of the permit on the job's behalf where the runtime can (`grant_without_rank`)."""
+        try:
+            outcome = await self.core.mutate(lambda rt: rt.grant_without_rank(node_id, msg.job, msg.epoch))
+        except ServiceError as exc:
+            log.warning("grant without rank not handled: %s", exc, extra={"job": msg.job, "node": node_id})
+            return
+        self.core.metrics.permit_nodes_unused.labels(outcome=outcome.value).inc()
+        log.warning("job is not on a node of its permit", extra={"job": msg.job, "epoch": msg.epoch, "node": node_id,
+                                                                 "outcome": outcome.value})
+
+    @_rpc
+    async def ReportAttach(self, request: pb.ReportAttachRequest, context: grpc.aio.ServicerContext) -> Any:
+        node_id = self._name(request.node_id, "node_id")
+        self.auth.check_node(bearer(context.invocation_metadata()), node_id)
+        name = self._name(request.job, "job")
+        placed, attach = await self.core.mutate(lambda rt: rt.report_attach(name, node_id))
+        log.info("job rank attached", extra={"job": name, "node": node_id, "placement": ",".join(placed)})
+        return pb.ReportAttachResponse(placement_nodes=placed, attach_nodes=attach)
 
     def _node_message(self, node_id: str, notice: Notice) -> pb.NodeDown | None:
         rt = self.core.rt
@@ -366,13 +390,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._duration(name, epoch, request.duration_s)
         permit = self.core.rt.permits.get(name)
         pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
-        res = await self.core.mutate(lambda rt: rt.release(name, epoch, request.duration_s))
+        node_id = self._name(request.node_id, "node_id") if request.node_id else ""
+        res = await self.core.mutate(lambda rt: rt.release(name, epoch, request.duration_s, node_id=node_id))
         if res.already_released:
             await self.core.barrier()
-        else:
+        elif not res.held_nodes:  # the permit ended (a node of one that goes on is no release of it)
             pool.inc()
         return pb.ReleasePermitResponse(next_phase=convert.PHASE_TO_PB[res.next_phase],
-                                        next_iteration=res.next_iteration, already_released=res.already_released)
+                                        next_iteration=res.next_iteration, already_released=res.already_released,
+                                        held_nodes=res.held_nodes)
 
     @_rpc
     async def AdvancePermit(self, request: pb.AdvancePermitRequest, context: grpc.aio.ServicerContext) -> Any:

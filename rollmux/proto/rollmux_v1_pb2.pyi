@@ -132,11 +132,21 @@ class NodeHeartbeat(_message.Message):
     nvml: _containers.ScalarMap[str, str]
     def __init__(self, active_epochs: _Optional[_Iterable[int]] = ..., nvml: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class GrantWithoutRank(_message.Message):
+    __slots__ = ("job", "epoch")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    epoch: int
+    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
 class NodeUp(_message.Message):
-    __slots__ = ("heartbeat",)
+    __slots__ = ("heartbeat", "unused")
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    UNUSED_FIELD_NUMBER: _ClassVar[int]
     heartbeat: NodeHeartbeat
-    def __init__(self, heartbeat: _Optional[_Union[NodeHeartbeat, _Mapping]] = ...) -> None: ...
+    unused: GrantWithoutRank
+    def __init__(self, heartbeat: _Optional[_Union[NodeHeartbeat, _Mapping]] = ..., unused: _Optional[_Union[GrantWithoutRank, _Mapping]] = ...) -> None: ...
 
 class PermitGranted(_message.Message):
     __slots__ = ("lease",)
@@ -313,24 +323,28 @@ class RenewPermitResponse(_message.Message):
     def __init__(self, ttl_s: _Optional[float] = ...) -> None: ...
 
 class ReleasePermitRequest(_message.Message):
-    __slots__ = ("job", "epoch", "duration_s")
+    __slots__ = ("job", "epoch", "duration_s", "node_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     epoch: int
     duration_s: float
-    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., duration_s: _Optional[float] = ...) -> None: ...
+    node_id: str
+    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., duration_s: _Optional[float] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ReleasePermitResponse(_message.Message):
-    __slots__ = ("next_phase", "next_iteration", "already_released")
+    __slots__ = ("next_phase", "next_iteration", "already_released", "held_nodes")
     NEXT_PHASE_FIELD_NUMBER: _ClassVar[int]
     NEXT_ITERATION_FIELD_NUMBER: _ClassVar[int]
     ALREADY_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    HELD_NODES_FIELD_NUMBER: _ClassVar[int]
     next_phase: Phase
     next_iteration: int
     already_released: bool
-    def __init__(self, next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., already_released: _Optional[bool] = ...) -> None: ...
+    held_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., already_released: _Optional[bool] = ..., held_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdvancePermitRequest(_message.Message):
     __slots__ = ("job", "epoch", "duration_s", "timeout_s")
@@ -393,6 +407,22 @@ class GetJobRequest(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     job: str
     def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class ReportAttachRequest(_message.Message):
+    __slots__ = ("node_id", "job")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    job: str
+    def __init__(self, node_id: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
+
+class ReportAttachResponse(_message.Message):
+    __slots__ = ("placement_nodes", "attach_nodes")
+    PLACEMENT_NODES_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_NODES_FIELD_NUMBER: _ClassVar[int]
+    placement_nodes: _containers.RepeatedScalarFieldContainer[str]
+    attach_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, placement_nodes: _Optional[_Iterable[str]] = ..., attach_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeregisterJobRequest(_message.Message):
     __slots__ = ("job",)

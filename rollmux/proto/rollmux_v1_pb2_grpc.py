@@ -5,7 +5,7 @@ import warnings
 
 from rollmux.proto import rollmux_v1_pb2 as rollmux_dot_proto_dot_rollmux__v1__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -43,6 +43,11 @@ class CoordinatorStub:
                 '/rollmux.v1.Coordinator/NodeStream',
                 request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.NodeUp.SerializeToString,
                 response_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.NodeDown.FromString,
+                _registered_method=True)
+        self.ReportAttach = channel.unary_unary(
+                '/rollmux.v1.Coordinator/ReportAttach',
+                request_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReportAttachRequest.SerializeToString,
+                response_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReportAttachResponse.FromString,
                 _registered_method=True)
         self.RegisterJob = channel.unary_unary(
                 '/rollmux.v1.Coordinator/RegisterJob',
@@ -116,6 +121,12 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def NodeStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportAttach(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -205,6 +216,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.NodeStream,
                     request_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.NodeUp.FromString,
                     response_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.NodeDown.SerializeToString,
+            ),
+            'ReportAttach': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportAttach,
+                    request_deserializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReportAttachRequest.FromString,
+                    response_serializer=rollmux_dot_proto_dot_rollmux__v1__pb2.ReportAttachResponse.SerializeToString,
             ),
             'RegisterJob': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterJob,
@@ -321,6 +337,33 @@ class Coordinator:
             '/rollmux.v1.Coordinator/NodeStream',
             rollmux_dot_proto_dot_rollmux__v1__pb2.NodeUp.SerializeToString,
             rollmux_dot_proto_dot_rollmux__v1__pb2.NodeDown.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportAttach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmux.v1.Coordinator/ReportAttach',
+            rollmux_dot_proto_dot_rollmux__v1__pb2.ReportAttachRequest.SerializeToString,
+            rollmux_dot_proto_dot_rollmux__v1__pb2.ReportAttachResponse.FromString,
             options,
             channel_credentials,
             insecure,

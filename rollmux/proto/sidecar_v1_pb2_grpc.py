@@ -5,7 +5,7 @@ import warnings
 
 from rollmux.proto import sidecar_v1_pb2 as rollmux_dot_proto_dot_sidecar__v1__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -145,18 +145,21 @@ def test_release_duration_is_capped_by_the_time_the_node_held_the_permit(coordin
     assert status.status().next_phase.value == "train" and jobs["job-c"].observed_roll_s < 10.0
 
 
-def test_a_grant_that_does_not_hold_this_node_is_not_run_here(coordinator, make_node) -> None:
-    """A rank still attached where its job no longer runs (it was relocated and has not followed yet)
-    is told so, and the permit is not fanned out on this node."""
+def test_a_rank_attaching_outside_its_jobs_placement_is_refused_naming_both_node_sets(coordinator, make_node) -> None:
+    """I4: the job is placed on r0 (and t0); a rank of it attaching on r1 is refused by r1's sidecar with
+    the coordinator's coded error, and nothing of the job runs or is held on r1."""
     make_node("r0", Pool.ROLLOUT)
     stray = make_node("r1", Pool.ROLLOUT)
     make_node("t0", Pool.TRAIN)
     token = register(coordinator, "job-d")
     placed = CoordinatorClient(coordinator.address).job("job-d", token).status().rollout_nodes
-    other = stray if placed == ("r0",) else None
-    assert other is not None, placed  # the job is placed on r0, its rank attaches on r1
-    rank = Rank(other.socket, "job-d", token, 0)
+    assert placed == ("r0",), placed
     with pytest.raises(grpc.RpcError) as err:
-        rank.acquire("rollout", 0)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not on this node r1" in err.value.details()
-    assert other.agent.active_epochs() == [] and holder(coordinator, "r0") == "job-d"  # nothing runs on r1
+        Rank(stray.socket, "job-d", token, 0)
+    details = err.value.details()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("PlacementMismatchError")
+    assert "placed on node(s) r0, t0" in details and "attach on node(s) r1" in details
+    assert stray.agent.active_epochs() == [] and stray.agent.snapshot()["ranks"] == {}
+    assert holder(coordinator, "r1") == ""
+
+

@@ -25,6 +25,7 @@ from rollmux.coordinator.service.api import (
     InvalidArgumentError,
     JobState,
     NodeState,
+    PlacementMismatchError,
 )
 from rollmux.coordinator.service.records import GroupRecord, JobRecord
 from rollmux.coordinator.service.runtime.directives import Directives
@@ -155,11 +156,16 @@ class Admission:
         return [name for name in self.state.pending() if self._admit(self.state.jobs[name])]
 
     def _admit(self, job: JobRecord) -> bool:
-        free = self._free_for(job.spec)
+        free = _attach_first(self._free_for(job.spec), job.attach_nodes)
         decision = self._decide(job.spec, free)
         if decision is None:
             return False
         group = self.place(job, decision, free)
+        if not set(job.attach_nodes) <= set(self.state.job_nodes(job)):  # I4: placed where its ranks are, or wait
+            self.unplace(job)
+            job.group_id, job.rollout_nodes, job.placement = "", (), ""
+            self.state.touch(f"job/{job.name}", job)
+            return False
         transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.state.wall(), reason=f"placed in {group.group_id}")
         self.leases.open(job)
         self.state.notify(Notice(kind=NoticeKind.JOB, job=job.name))
@@ -190,6 +196,38 @@ class Admission:
                 and any(r.reason is RejectReason.OCCUPANCY for r in decision.rejections)):
             decision = policy.variant(work_aware=False).place(spec, self.state.placement)
         return decision
+
+    # ---------------------------------------------------------------------------- where it runs
+    def report_attach(self, name: str, node_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Node `node_id`'s sidecar attached the first local rank of job `name` (I4: the placement is
+        where the job runs). Recorded on the job; a pending job is then admitted consistently with its
+        attach nodes (new nodes are taken from them first; a placement that leaves one out waits).
+
+        Returns:
+            (the nodes the job's phases run on, empty while pending; the nodes its ranks attached on).
+
+        Raises:
+            NotFoundError: unknown job or node.
+            PlacementMismatchError: the job is admitted and `node_id` is none of its nodes.
+        """
+        state = self.state
+        job = state.job(name)
+        state.node(node_id)
+        attach = tuple(dict.fromkeys([*job.attach_nodes, node_id]))
+        placed = state.job_nodes(job) if job.state is JobState.ADMITTED else ()
+        if job.state is JobState.ADMITTED and node_id not in placed:
+            raise PlacementMismatchError(
+                f"job {name!r} is placed on node(s) {', '.join(placed)} (group {job.group_id}) but its ranks attach "
+                f"on node(s) {', '.join(attach)}: a phase never runs on a node its permit does not grant; start "
+                "the job's GPU processes on its placed nodes, or deregister it and register it again from where "
+                "it runs")
+        if attach != job.attach_nodes:
+            job.attach_nodes = attach
+            state.touch(f"job/{name}", job)
+        if job.state is JobState.PENDING:
+            self.try_admit()
+            placed = state.job_nodes(job) if job.state is JobState.ADMITTED else ()
+        return placed, attach
 
     # ------------------------------------------------------------------------- group membership
     def place(self, job: JobRecord, decision: PlacementDecision, free: dict[Pool, list[str]] | None = None) -> GroupState:
@@ -252,6 +290,14 @@ class Admission:
         self.leases.grant_waiting(sorted(touched))
         self.try_admit()
         return released
+
+
+def _attach_first(free: dict[Pool, list[str]], attach: tuple[str, ...]) -> dict[Pool, list[str]]:
+    """The free nodes with the job's attach nodes first: new nodes of its placement are taken from them."""
+    if not attach:
+        return free
+    return {pool: [n for n in attach if n in nodes] + [n for n in nodes if n not in attach]
+            for pool, nodes in free.items()}
 
 
 def decision_fits(decision: PlacementDecision, free: dict[Pool, list[str]]) -> bool:

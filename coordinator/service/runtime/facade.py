@@ -20,7 +20,7 @@ from rollmux.coordinator.service.runtime.admission import Admission, Registered
 from rollmux.coordinator.service.runtime.directives import Directives
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
-from rollmux.coordinator.service.runtime.leases import Leases, ReleaseResult
+from rollmux.coordinator.service.runtime.leases import Leases, ReleaseResult, UnusedNode
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.nodes import NodeLiveness
 from rollmux.coordinator.service.runtime.relocation import Relocations
@@ -196,11 +196,17 @@ class Runtime:
     def renew(self, name: str, epoch: int) -> float:
         return self.leases.renew(name, epoch)
 
-    def release(self, name: str, epoch: int, duration_s: float) -> ReleaseResult:
-        return self.leases.release(name, epoch, duration_s)
+    def release(self, name: str, epoch: int, duration_s: float, *, node_id: str = "") -> ReleaseResult:
+        return self.leases.release(name, epoch, duration_s, node_id=node_id)
 
     def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
         return self.leases.advance(name, epoch, duration_s)
+
+    def grant_without_rank(self, node_id: str, name: str, epoch: int) -> UnusedNode:
+        return self.leases.grant_without_rank(node_id, name, epoch)
+
+    def report_attach(self, name: str, node_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return self.admission.report_attach(name, node_id)
 
     def report_progress(self, name: str, epoch: int, finished: int, total: int) -> Migration | None:
         return self.migration.report_progress(name, epoch, finished, total)
@@ -251,6 +257,10 @@ class Runtime:
         """Why a job's permit is not granted yet, naming the blocker."""
         state = self.state
         job = state.job(name)
+        if job.state is JobState.PENDING and job.attach_nodes:
+            pos = state.pending().index(name) + 1
+            return (f"job {name!r} is pending admission (position {pos}): its ranks attached on node(s) "
+                    f"{', '.join(job.attach_nodes)} and no placement including them fits the free nodes yet")
         if job.state is JobState.PENDING:
             pos = state.pending().index(name) + 1
             return (f"job {name!r} is pending admission (position {pos}): the free nodes cannot host its "
@@ -291,6 +301,8 @@ class Runtime:
                 for n in p.nodes:
                     assert n not in held, f"node {n} held by both {held[n]} and {p.job}"
                     held[n] = p.job
+                again = set(p.nodes) & set(p.freed_nodes)
+                assert not again, f"{p.describe()} holds node(s) {sorted(again)} it already released"
         assert held == holder, f"holder map {holder} disagrees with leases {held}"
         for p in state.permits.values():  # a lease holds only nodes of its job's group (relocation moved it whole)
             job = state.jobs.get(p.job)

@@ -4,9 +4,13 @@ A grant holds every needed node with a lease (cluster-wide increasing epoch + TT
 permit holds a node (`holder`). The order in which waiting phases are granted is the grant queues'
 (`GrantQueues.step`, i.e. `policy.grants.grant_step`); this part applies it (`grant_waiting`).
 
-Every way a lease lets go of nodes goes through `_free`: a release or an expiry ends the whole lease,
-a long-tail migration (`consolidate`) keeps part of it. Freeing a node of a lease that goes on is
-that one step, so a release of single nodes needs no other path.
+Every way a lease lets go of nodes goes through `_free`. Release is per node (I2): a node's sidecar
+releases once every local rank of the job released there and its GPU memory came down; that node
+alone is freed and goes to the phases waiting for it, while the lease goes on holding the others
+(`permit.nodes` shrinks, `permit.freed_nodes` records it). The permit ends (RELEASED, the job's next
+phase queued) with its last node. A long-tail migration (`consolidate`) lets nodes go the same way.
+An expiry, revocation or cancellation ends the lease on the nodes it still holds: a node released
+early is never reclaimed by them.
 
 Owns: the permit records (`state.permits`, ``permit/<job>``: every permit transition), `holder` and
 `freed_at`. Calls NodeLiveness (a freed draining node is drained), GrantQueues (the grant step) and
@@ -17,8 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 
-from rollmux.coordinator.service.api import FailedPreconditionError, PermitState, StaleEpochError
+from rollmux.coordinator.service.api import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PermitState,
+    StaleEpochError,
+)
 from rollmux.coordinator.service.records import JobRecord, PermitRecord, next_phase
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
@@ -30,9 +40,20 @@ from rollmux.model import Phase
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReleaseResult:
-    next_phase: Phase
+    next_phase: Phase  # the job's phase after the released one (queued once every node released)
     next_iteration: int
-    already_released: bool  # a retried release of the same epoch
+    already_released: bool  # a retried release of the same epoch (or of the same node of it)
+    held_nodes: tuple[str, ...] = ()  # nodes of the permit not released yet (empty: the permit is RELEASED)
+
+
+class UnusedNode(str, Enum):
+    """What the coordinator did with a node its sidecar reported granted to a job with no rank there."""
+
+    RELEASED = "released"  # released on the job's behalf: its ranks attached elsewhere, not there
+    KEPT_NO_ATTACH_YET = "kept-no-attach-yet"  # no rank of the job attached anywhere yet: one may still come
+    KEPT_ATTACHED = "kept-attached"  # another sidecar of the job reported a rank there meanwhile
+    KEPT_NOTHING_RAN = "kept-nothing-ran"  # the permit's last node and no node released it: the lease lapses
+    STALE = "stale"  # the lease ended or no longer holds the node
 
 
 class Leases:
@@ -114,6 +135,7 @@ class Leases:
             self.holder[m] = job.name
         transition(permit, PERMIT_TRANSITIONS, PermitState.GRANTED, now=state.wall(), reason=f"epoch {epoch}")
         permit.epoch, permit.nodes, permit.migrated, permit.picked = epoch, needed, False, False
+        permit.freed_nodes, permit.node_release_s = (), 0.0
         permit.expires_at = state.clock() + state.config.lease_ttl_s
         permit.grantable_at = max([permit.queued_at, *(self.freed_at.get(m, 0.0) for m in needed)])
         state.touch(f"permit/{job.name}", permit)
@@ -171,22 +193,78 @@ class Leases:
     def consolidate(self, permit: PermitRecord, *, keep: tuple[str, ...], release: tuple[str, ...]) -> None:
         """Long-tail migration: the lease keeps `keep` and frees `release` (once per lease: `migrated`)."""
         permit.nodes, permit.migrated = keep, True
+        permit.freed_nodes = (*permit.freed_nodes, *release)
         self.state.touch(f"permit/{permit.job}", permit)
         for n in release:
             self._free(n)
 
     # ---------------------------------------------------------------------------------- ending
-    def release(self, name: str, epoch: int, duration_s: float) -> ReleaseResult:
-        """End a phase: free its nodes, record its duration, queue the job's next phase.
+    def release(self, name: str, epoch: int, duration_s: float, *, node_id: str = "") -> ReleaseResult:
+        """End a phase on `node_id` (per-node release, I2), or on every node when `node_id` is empty.
+
+        A node's sidecar releases once every local rank of the job released there: that node alone is
+        freed and handed to waiting phases. The permit turns RELEASED, its duration (the longest any
+        node reported) is recorded and the job's next phase queued only when its last node released.
+        A release without a node id (a client without a sidecar) ends the whole permit at once.
 
         Raises:
             StaleEpochError: `epoch` does not hold the job's lease (and is not the last released one).
+            InvalidArgumentError: `node_id` is not one of the permit's nodes.
         """
         state = self.state
         permit = state.permits.get(name)
         if permit is not None and epoch and epoch == permit.last_released_epoch:
             return ReleaseResult(next_phase=permit.phase, next_iteration=permit.iteration, already_released=True)
         permit = self.granted(name, epoch, "release")
+        upcoming = next_phase(permit.phase, permit.iteration)
+        if node_id and node_id in permit.freed_nodes:  # a retry, or a node a migration let go already
+            return ReleaseResult(next_phase=upcoming[0], next_iteration=upcoming[1], already_released=True,
+                                 held_nodes=permit.nodes)
+        if node_id and node_id not in permit.nodes:
+            raise InvalidArgumentError(
+                f"node {node_id} released job {name!r} epoch {epoch}, but that permit "
+                f"({permit.phase.value}({permit.iteration})) holds node(s) {', '.join(permit.nodes)}: "
+                "only a sidecar of one of its nodes releases it")
+        if node_id and len(permit.nodes) > 1:
+            self._release_node(permit, node_id, duration_s)
+            return ReleaseResult(next_phase=upcoming[0], next_iteration=upcoming[1], already_released=False,
+                                 held_nodes=permit.nodes)
+        return self._end(permit, max(duration_s, permit.node_release_s))
+
+    def grant_without_rank(self, node_id: str, name: str, epoch: int) -> UnusedNode:
+        """Node `node_id`'s sidecar got job `name`'s grant `epoch` with no rank of the job attached there.
+
+        The node is released on the job's behalf when the job's ranks attached on other nodes (the job
+        is not on this one), unless that would end a permit no node of which released: then nothing of
+        the phase ran and the lease lapses at its TTL instead of skipping the phase.
+        """
+        state = self.state
+        job, permit = state.jobs.get(name), state.permits.get(name)
+        if (job is None or permit is None or permit.state is not PermitState.GRANTED or permit.epoch != epoch
+                or node_id not in permit.nodes):
+            return UnusedNode.STALE
+        if not job.attach_nodes:
+            return UnusedNode.KEPT_NO_ATTACH_YET
+        if node_id in job.attach_nodes:
+            return UnusedNode.KEPT_ATTACHED
+        if len(permit.nodes) == 1 and not permit.freed_nodes:
+            return UnusedNode.KEPT_NOTHING_RAN
+        self.release(name, epoch, 0.0, node_id=node_id)
+        return UnusedNode.RELEASED
+
+    def _release_node(self, permit: PermitRecord, node_id: str, duration_s: float) -> None:
+        """One node of a lease that goes on released: free it alone, hand it to the phases waiting for it."""
+        permit.nodes = tuple(n for n in permit.nodes if n != node_id)
+        permit.freed_nodes = (*permit.freed_nodes, node_id)
+        permit.node_release_s = max(permit.node_release_s, duration_s)
+        self.state.touch(f"permit/{permit.job}", permit)
+        self._free(node_id, announce=False)
+        self.grant_waiting([node_id])
+
+    def _end(self, permit: PermitRecord, duration_s: float) -> ReleaseResult:
+        """The permit's last nodes released: it turns RELEASED and the job's next phase is queued."""
+        state = self.state
+        name, epoch = permit.job, permit.epoch
         job = state.jobs[name]
         transition(permit, PERMIT_TRANSITIONS, PermitState.RELEASED, now=state.wall(), reason="released")
         freed = permit.nodes

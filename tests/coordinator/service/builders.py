@@ -51,3 +51,13 @@ def spec(name: str, *, nr: int = 8, nt: int = 8, t_roll_s: float = 100.0, t_trai
 def register(rt: Runtime, name: str, **kw: object):  # type: ignore[no-untyped-def]
     job, _ = rt.register_job(spec(name, **kw), token_sha256="t" + name, nonce_sha256="n" + name)  # type: ignore[arg-type]
     return job
+
+
+def grant(rt: Runtime, name: str):  # type: ignore[no-untyped-def]
+    """Ask for the job's current phase and return its permit, which must be GRANTED."""
+    from rollmux.coordinator.service.api import PermitState
+
+    p = rt.permits[name]
+    got = rt.acquire(name, p.phase, p.iteration)
+    assert got is not None and got.state is PermitState.GRANTED, rt.wait_reason(name)
+    return got
