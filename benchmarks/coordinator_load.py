@@ -594,9 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     args.niceness = set_niceness(args.nice)
     pin_to(args.load_cpus)  # this driver is part of the load generator
 
-    from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.model import JobSpec, Pool
-    from rollmux.proto.convert import PHASE_TO_PB
+    from rollmux.wire.client import CoordinatorClient
+    from rollmux.wire.convert import PHASE_TO_PB
 
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-load-"))
     procs: list[subprocess.Popen[bytes]] = []

@@ -18,6 +18,7 @@ HELP = "Run the coordinator service (gRPC API rollmux.v1, Redis or embedded stat
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from rollmux.coordinator.service import env
+    from rollmux.wire import env as wire_env
 
     parser.add_argument("--listen", default="0.0.0.0:50051", help="gRPC HOST:PORT (port 0 = any free port)")
     store = parser.add_mutually_exclusive_group()
@@ -25,8 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     store.add_argument("--embedded", action="store_true", help="keep state in this process (single machine)")
     parser.add_argument("--namespace", default="rollmux", help="Redis key prefix")
     parser.add_argument("--http", default="0.0.0.0:8080", help="HOST:PORT for /livez /readyz /metrics ('' = off)")
-    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${env.SECRET_FILE} names "
-                                              f"the file, else ${env.BOOTSTRAP_SECRET} holds it)")
+    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${wire_env.SECRET_FILE} names "
+                                              f"the file, else ${wire_env.BOOTSTRAP_SECRET} holds it)")
     parser.add_argument("--instance-id", default=socket.gethostname(),
                         help="leadership owner name; a restart with the same id takes over at once, "
                              "a standby with another id waits for the lease to lapse")
@@ -89,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
 
     from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.api import ServiceConfig
-    from rollmux.coordinator.service.auth import read_secret
     from rollmux.coordinator.service.server import Running, ServerOptions, serve
     from rollmux.errors import SpecError
     from rollmux.model import ClusterSpec, GpuCatalog
+    from rollmux.wire.auth import read_secret
 
     logs.setup(args.log_level, args.log_format)
     if not args.redis and not args.embedded:

@@ -59,7 +59,7 @@ class Deployment:
 
     @property
     def operator_token(self) -> str:
-        from rollmux.coordinator.service import auth
+        from rollmux.wire import auth
 
         return auth.operator_token(self.secret)
 

@@ -106,8 +106,8 @@ class Injector:
 
     def _hosts_jobs(self, node: str) -> bool:
         """Whether any registered job is placed on `node` (a fault on an idle node has nothing to recover)."""
-        from rollmux.coordinator.service.api import ServiceError
-        from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.wire.client import CoordinatorClient
+        from rollmux.wire.errors import ServiceError
 
         leader = self.deploy.wait_leader(5.0)  # a standby answers with an empty state
         if leader is None:

@@ -70,8 +70,8 @@ def run_shim(args: argparse.Namespace) -> int:
 
 
 def run_direct(args: argparse.Namespace) -> int:
-    from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.sidecar import env
+    from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(args.coordinator.split(","), retry_s=60.0)
     job = client.job(args.job, os.environ[env.JOB_TOKEN])

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollmux.coordinator.service.api import FailedPreconditionError, NodeState, PermitState, StaleEpochError
-from rollmux.coordinator.service.records import PermitRecord, next_phase
+from rollmux.coordinator.service.api import (
+    FailedPreconditionError,
+    NodeState,
+    OutOfOrderError,
+    PermitState,
+    StaleEpochError,
+)
+from rollmux.coordinator.service.records import PermitRecord
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
 from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, PERMIT_TRANSITIONS, transition
-from rollmux.model import Phase
+from rollmux.model import Phase, next_phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,13 +34,13 @@ class Leases(PhaseLearning):
 
         Raises:
             NotFoundError: unknown job.
-            FailedPreconditionError: the phase is not the job's next one in on-policy order.
+            OutOfOrderError: the phase is not the job's next one in on-policy order.
         """
         job = self.job(name)
         permit = self.permits.get(name)
         expected = (permit.phase, permit.iteration) if permit else (Phase.ROLLOUT, 0)
         if (phase, iteration) != expected:
-            raise FailedPreconditionError(
+            raise OutOfOrderError(
                 f"job {name!r} asked for {phase.value}({iteration}) out of order: its next phase is "
                 f"{expected[0].value}({expected[1]}) (Rollout(i) -> Train(i) -> Sync(i) -> Rollout(i+1))")
         if permit is None:
