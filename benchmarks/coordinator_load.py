@@ -85,11 +85,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from rollmux.chaos.procs import wait_port
 from rollmux.coordinator.service.event_loop import EventLoop, EventLoopUnavailable
 from rollmux.coordinator.service.event_loop import resolve as resolve_event_loop
 from rollmux.coordinator.service.event_loop import run as run_event_loop
 from rollmux.ports import free_port
+from rollmux.testing.chaos.procs import wait_port
 
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
 PAPER_POLL_S = 0.2

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.model import JobSpec, Phase, Pool, RelocationState
 from rollmux.ports import free_port
+from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.wire.client import CoordinatorClient, JobClient
 
 from .conftest import add_node, close_node_streams

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.model import Phase
+from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.wire.client import CoordinatorClient
 from rollmux.wire.errors import NotReadyError
 

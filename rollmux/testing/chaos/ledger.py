@@ -1,6 +1,6 @@
 """Pure checks over a chaos run's event log (no I/O): what the jobs saw, against what must hold.
 
-Events are the JSON lines of :mod:`rollmux.chaos.rank` (``start``, ``end``, ``lost``,
+Events are the JSON lines of :mod:`rollmux.testing.chaos.rank` (``start``, ``end``, ``lost``,
 ``released``, ``done``) plus the harness's own: ``killed`` (it SIGKILLed process ``pid`` of
 ``run``: an open phase of that process ends there) and ``fault`` (``kind``, ``t``, ``ready_t``:
 when the faulty part served again, ``nodes``: the nodes it took away, if any).

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollmux.chaos.procs import CoordinatorProcess, ProcessStartError, RedisProcess, SidecarProcess
+from rollmux.testing.chaos.procs import CoordinatorProcess, ProcessStartError, RedisProcess, SidecarProcess
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,8 +13,8 @@ import time
 from enum import Enum
 from typing import Any
 
-from rollmux.chaos.deployment import Deployment
-from rollmux.chaos.jobs import EventTail, Jobs, append_event
+from rollmux.testing.chaos.deployment import Deployment
+from rollmux.testing.chaos.jobs import EventTail, Jobs, append_event
 
 
 class FaultKind(str, Enum):

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmux.chaos.deployment import Deployment
 from rollmux.sidecar import env
+from rollmux.testing.chaos.deployment import Deployment
 
 
 def append_event(path: Path, ev: str, *, t: float | None = None, **fields: Any) -> None:
@@ -184,7 +184,7 @@ class Jobs:
             e.update({env.SIDECAR_SOCKET: socket, env.JOB: run.name})
             argv = ["shim", "--role", role, *common]
         out = open(self.deploy.dir / f"{run.name}-{role}.log", "ab")  # noqa: SIM115 - the child's
-        run.procs[role] = subprocess.Popen([sys.executable, "-m", "rollmux.chaos.rank", *argv], env=e, stdout=out,
+        run.procs[role] = subprocess.Popen([sys.executable, "-m", "rollmux.testing.chaos.rank", *argv], env=e, stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
 
