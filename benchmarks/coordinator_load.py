@@ -389,9 +389,9 @@ NODE_HEARTBEAT_S = 20.0
 async def _node_streams_main(address: str, node_ids: list[str]) -> None:
     import grpc
 
-    from rollmux.coordinator.service.servicer import NODE_METADATA_KEY
     from rollmux.proto import rollmux_v1_pb2 as pb
     from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+    from rollmux.wire.client import NODE_METADATA_KEY
 
     channel = grpc.aio.insecure_channel(address)
     stub = pb_grpc.CoordinatorStub(channel)
