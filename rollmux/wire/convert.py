@@ -154,11 +154,17 @@ def node_event_to_pb(event: NodeEvent) -> pb.NodeDown:
 
 def node_event_from_pb(msg: pb.NodeDown) -> NodeEvent | None:
     """The event a node's stream message carries (None: a kind this release does not know)."""
-    kind = msg.WhichOneof("kind")
-    if kind == "snapshot":
+    if msg.WhichOneof("kind") == "snapshot":
         s = msg.snapshot
         return NodeSnapshot(node_id=s.node_id, state=s.state,
                             holder=lease_from_pb(s.holder) if s.HasField("holder") else None)
+    return _directive_from_pb(msg)
+
+
+def _directive_from_pb(msg: pb.NodeDown | spb.RankEvent) -> Lease | Revocation | Migration | Relocation | None:
+    """The lease, revocation or directive a node-stream or rank-stream message carries (their oneofs
+    share these four kinds and field names)."""
+    kind = msg.WhichOneof("kind")
     if kind == "granted":
         return lease_from_pb(msg.granted.lease)
     if kind == "revoked":
@@ -252,13 +258,4 @@ def rank_event_to_pb(event: Lease | Revocation | Migration | Relocation) -> spb.
 
 def rank_event_from_pb(msg: spb.RankEvent) -> Lease | Revocation | Migration | Relocation | None:
     """The event a rank's stream message carries (None: ``attached``, or a kind this release does not know)."""
-    kind = msg.WhichOneof("kind")
-    if kind == "granted":
-        return lease_from_pb(msg.granted.lease)
-    if kind == "revoked":
-        return revocation_from_pb(msg.revoked)
-    if kind == "migrate":
-        return migration_from_pb(msg.migrate)
-    if kind == "relocate":
-        return relocation_from_pb(msg.relocate)
-    return None
+    return _directive_from_pb(msg)
