@@ -28,9 +28,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from rollmux.chaos.deployment import Topology
-from rollmux.chaos.ledger import table
-from rollmux.chaos.scenario import ChaosConfig, ChaosResult, run_chaos
+from rollmux.testing.chaos.deployment import Topology
+from rollmux.testing.chaos.ledger import table
+from rollmux.testing.chaos.scenario import ChaosConfig, ChaosResult, run_chaos
 
 LONG_ENV = "ROLLMUX_CHAOS_LONG"
 SHORT = ChaosConfig(window_s=60.0)

@@ -85,11 +85,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from rollmux.chaos.procs import wait_port
 from rollmux.coordinator.service.event_loop import EventLoop, EventLoopUnavailable
 from rollmux.coordinator.service.event_loop import resolve as resolve_event_loop
 from rollmux.coordinator.service.event_loop import run as run_event_loop
 from rollmux.ports import free_port
+from rollmux.testing.chaos.procs import wait_port
 
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
 PAPER_POLL_S = 0.2
@@ -389,9 +389,9 @@ NODE_HEARTBEAT_S = 20.0
 async def _node_streams_main(address: str, node_ids: list[str]) -> None:
     import grpc
 
-    from rollmux.coordinator.service.servicer import NODE_METADATA_KEY
     from rollmux.proto import rollmux_v1_pb2 as pb
     from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+    from rollmux.wire.client import NODE_METADATA_KEY
 
     channel = grpc.aio.insecure_channel(address)
     stub = pb_grpc.CoordinatorStub(channel)
@@ -594,9 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     args.niceness = set_niceness(args.nice)
     pin_to(args.load_cpus)  # this driver is part of the load generator
 
-    from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.model import JobSpec, Pool
-    from rollmux.proto.convert import PHASE_TO_PB
+    from rollmux.wire.client import CoordinatorClient
+    from rollmux.wire.convert import PHASE_TO_PB
 
     tmp = Path(tempfile.mkdtemp(prefix="rollmux-load-"))
     procs: list[subprocess.Popen[bytes]] = []

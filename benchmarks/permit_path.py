@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations < 1:
         ap.error("--iterations must be >= 1")
     sys.path.insert(0, str(ROOT))
-    from rollmux.chaos.procs import RedisProcess
     from rollmux.demo.launch import LocalCluster
+    from rollmux.testing.chaos.procs import RedisProcess
 
     work = Path(tempfile.mkdtemp(prefix="rollmux-permit-path-"))
     redis = RedisProcess(work) if args.backend == "redis" else None

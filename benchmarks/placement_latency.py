@@ -29,6 +29,7 @@ from _policy_jobs import mixed_jobs  # noqa: E402
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy  # noqa: E402
 from rollmux.coordinator.policy.optimum import optimal_partition  # noqa: E402
 from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_moves  # noqa: E402
+from rollmux.coordinator.policy_flags import add_mechanism_flags, mechanisms_on  # noqa: E402
 
 PAPER_MS = {5: 5.6, 9: 6.5, 13: 7.6, 100: 41.9, 500: 198, 1000: 318, 2000: 591}
 PAPER_OPT_MS = {5: 113.0, 9: "> 1 min", 13: "> 5 h"}
@@ -71,12 +72,11 @@ def main() -> int:
     ap.add_argument("--probes", type=int, default=300, help="placements timed per N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-opt", action="store_true", help="skip the offline optimum's latency")
-    ap.add_argument("--no-regroup", action="store_true", help="time the placement alone (no regrouping plan)")
-    ap.add_argument("--no-modes", action="store_true", help="every job disaggregated (the paper's Algorithm 1)")
+    add_mechanism_flags(ap, only=("regroup", "modes"))  # off: the placement alone; the paper's Algorithm 1
     ap.add_argument("--check", action="store_true", help="exit non-zero below target")
     args = ap.parse_args()
     # Every mechanism on, as `rollmux simulate` runs it (work-aware check, best of the three moves).
-    config = PolicyConfig(modes=not args.no_modes, regroup=not args.no_regroup, work_aware=True, best_move=True)
+    config = PolicyConfig(work_aware=True, best_move=True, **mechanisms_on(args))
     print(f"policy: modes={config.modes} regroup={config.regroup} work_aware={config.work_aware} best_move={config.best_move}")
     ns = [int(x) for x in args.jobs.split(",")]
     rows = {}

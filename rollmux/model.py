@@ -36,6 +36,31 @@ class Phase(str, Enum):
     SYNC = "sync"
 
 
+PHASE_ORDER: tuple[Phase, ...] = (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
+"""On-policy order inside one iteration: Rollout(i) -> Train(i) -> Sync(i) -> Rollout(i+1).
+
+The one spelling of the order: the coordinator, the sidecar, the shim, the adapters and the
+checkers all read it from here (a `Phase` compares equal to its string value, so
+``"train" in PHASE_ORDER`` and ``PHASE_ORDER.index("train")`` work on names too)."""
+
+
+def next_phase(phase: Phase | str, iteration: int) -> tuple[Phase, int]:
+    """The phase that follows `phase` of `iteration` in on-policy order."""
+    i = PHASE_ORDER.index(Phase(phase))
+    if i + 1 == len(PHASE_ORDER):
+        return PHASE_ORDER[0], iteration + 1
+    return PHASE_ORDER[i + 1], iteration
+
+
+def phase_key(phase: Phase | str, iteration: int) -> tuple[int, int]:
+    """Where (`phase`, `iteration`) falls in on-policy order: compare two keys to tell which comes first.
+
+    Raises:
+        ValueError: `phase` is not a phase name.
+    """
+    return iteration, PHASE_ORDER.index(Phase(phase))
+
+
 # Sane ranges for every number of a job spec: wider than any real job, narrow enough that the
 # profiler and the policy never see an overflow or a value that poisons placement.
 MAX_JOB_GPUS = 1 << 16
@@ -336,8 +361,8 @@ class Group:
 class Lease:
     """A granted run permit: one phase of a job holds `nodes` until it releases, fenced by `epoch`.
 
-    The one permit type of every layer: the coordinator client returns it (``client.Permit`` is this
-    class), the sidecar fans it out to a job's local ranks, the shim binds it to the running phase.
+    The one permit type of every layer: the coordinator client returns it, the sidecar fans it out
+    to a job's local ranks, the shim binds it to the running phase.
     """
 
     job: str
@@ -391,3 +416,94 @@ class Relocation:
     train_nodes: tuple[str, ...] = ()
     switched_epoch: int = 0
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Revocation:
+    """A lease taken back before its phase released it (expired, revoked by an operator, the job
+    removed or a rank of it died): the job's ranks must stop the phase of `epoch` at once."""
+
+    job: str
+    epoch: int  # the revoked lease; 0 = whatever the job holds (a rank died)
+    reason: str = ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Views: what the coordinator answers about jobs, nodes and groups (its status calls)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobInfo:
+    """One registered job as the coordinator sees it now."""
+
+    job: str
+    state: str  # JobState value: pending | admitted
+    group_id: str
+    rollout_nodes: tuple[str, ...]
+    train_nodes: tuple[str, ...]
+    next_phase: Phase  # the phase to run next (or running)
+    next_iteration: int
+    permit_state: str  # PermitState value of that phase ("pending-admission" before it has one)
+    pending_position: int  # 1-based place in the admission queue, 0 when admitted
+    relocation: Relocation | None = None  # the job's latest relocation directive
+    learned: tuple[float, float, float] = (0.0, 0.0, 0.0)  # learned solo (roll, train, iteration) s; 0 = none
+    lease: Lease | None = None  # the lease its phase holds now, if granted
+    observed_roll_s: float = 0.0  # moving average of measured rollout durations, s (0 = none yet)
+    observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations, s
+    placement: str = ""  # the policy's explanation of its placement
+    relayed_by: str = ""  # node whose sidecar relayed its registration ("" = registered directly)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInfo:
+    """One registered node as the coordinator sees it now."""
+
+    node_id: str
+    pool: Pool
+    gpu_type: str
+    gpu_count: int
+    host_dram_bytes: int
+    state: str  # NodeState value: ready | lost | draining | drained
+    group_id: str = ""  # "" = in no group
+    queue: tuple[str, ...] = ()  # job names waiting for the node, FIFO (head first)
+    holder: Lease | None = None  # the permit holding the node now, if any
+    connected: bool = False  # its sidecar's stream is open
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupInfo:
+    """One co-execution group as the coordinator sees it now."""
+
+    group_id: str
+    jobs: tuple[str, ...]  # round-robin order
+    rollout_nodes: tuple[str, ...]
+    train_nodes: tuple[str, ...]
+    usd_per_h: float  # Cost(G)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterInfo:
+    """The coordinator's whole state, for operators (``rollmux status``)."""
+
+    ready: bool  # serving (leader, state loaded, store reachable)
+    leader_fence: int  # the leader's fencing token
+    pending: tuple[str, ...]  # jobs waiting for admission, in arrival order
+    usd_per_h: float  # cost of every group
+    nodes: tuple[NodeInfo, ...] = ()  # by pool, then id
+    groups: tuple[GroupInfo, ...] = ()
+    jobs: tuple[JobInfo, ...] = ()  # in arrival order
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSnapshot:
+    """A node's state as its sidecar's stream opens (and on every change): who holds it now."""
+
+    node_id: str
+    state: str  # NodeState value
+    holder: Lease | None = None
+
+
+NodeEvent = NodeSnapshot | Lease | Revocation | Migration | Relocation
+"""What the coordinator sends a node's sidecar on its stream: a snapshot, a granted lease, a
+revocation, a long-tail migration or a relocation directive (issued, or its outcome)."""

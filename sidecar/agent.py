@@ -31,17 +31,8 @@ import threading
 import time
 from typing import Any
 
-from rollmux.coordinator.service.api import (
-    FailedPreconditionError,
-    NotFoundError,
-    PermissionDeniedError,
-    ServiceError,
-    UnauthenticatedError,
-)
-from rollmux.coordinator.service.client import CoordinatorClient, JobClient, NodeSession
-from rollmux.model import Relocation
-from rollmux.proto import convert
-from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.errors import ErrorCode
+from rollmux.model import JobSpec, Lease, Migration, NodeEvent, Relocation, Revocation
 from rollmux.sidecar.agent_permits import PermitRelay
 from rollmux.sidecar.agent_records import AgentConfig, LocalJob
 from rollmux.sidecar.agent_relocations import HeldRelocations
@@ -55,8 +46,20 @@ from rollmux.sidecar.api import (
     SidecarUnreachableError,
 )
 from rollmux.sidecar.gpu import GpuProvider, host_dram_bytes
+from rollmux.wire.client import CoordinatorClient, JobClient, NodeSession
+from rollmux.wire.errors import (
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceError,
+    UnauthenticatedError,
+)
+from rollmux.wire.errors import PlacementMismatchError as WirePlacementMismatchError
 
 log = logging.getLogger("rollmux.sidecar")
+
+RankEvent = Lease | Revocation | Migration | Relocation
+"""What a rank's ``Attach`` stream carries after it opens (None in its inbox ends the stream)."""
 
 
 class NodeAgent(PermitRelay):
@@ -77,7 +80,7 @@ class NodeAgent(PermitRelay):
         self._cv = threading.Condition()
         self._jobs: dict[str, LocalJob] = {}
         self._ranks: dict[str, RankLease] = {}
-        self._inbox: dict[str, queue.Queue[Any]] = {}  # rank_id -> events for its Attach stream
+        self._inbox: dict[str, queue.Queue[RankEvent | None]] = {}  # rank_id -> events for its Attach stream
         self._seq = 0
         self._relocations = HeldRelocations()  # pending directives, replayed to ranks attaching later
         self._stop = threading.Event()
@@ -147,13 +150,11 @@ class NodeAgent(PermitRelay):
             ranks = sum(r.live for r in self._ranks.values())
         return {"cached_state_host_bytes": str(self.cached_state_host_bytes()), "live_ranks": str(ranks)}
 
-    def _on_message(self, msg: pb.NodeDown) -> None:
-        kind = msg.WhichOneof("kind")
-        if kind == "granted":
-            lease = msg.granted.lease
-            self._fan_out(lease.job, ("granted", lease))
-        elif kind == "revoked":
-            r = msg.revoked
+    def _on_message(self, event: NodeEvent) -> None:
+        if isinstance(event, Lease):
+            self._fan_out(event.job, event)
+        elif isinstance(event, Revocation):
+            r = event
             with self._cv:
                 job = self._jobs.get(r.job)
                 if job is not None and job.permit is not None and job.permit.epoch == r.epoch:
@@ -164,41 +165,41 @@ class NodeAgent(PermitRelay):
                             rank.move(RankState.IDLE, f"lease epoch {r.epoch} revoked: {r.reason}")
                     self._cv.notify_all()
             self._record("revoked", job=r.job, epoch=r.epoch, reason=r.reason)
-            self._fan_out(r.job, ("revoked", r))
-        elif kind == "migrate":
-            self._fan_out(msg.migrate.job, ("migrate", msg.migrate))
-        elif kind == "relocate":
-            d = msg.relocate
-            self._record("relocation", job=d.job, epoch=d.epoch, state=d.state)
+            self._fan_out(r.job, r)
+        elif isinstance(event, Migration):
+            self._fan_out(event.job, event)
+        elif isinstance(event, Relocation):
+            d = event
+            self._record("relocation", job=d.job, epoch=d.epoch, state=d.state.value)
             with self._cv:  # held and fanned out in one step: a rank attaching meanwhile gets it exactly once
                 self._relocations.hold(d)
-                self._fan_out(d.job, ("relocate", d))
+                self._fan_out(d.job, d)
 
-    def _fan_out(self, job_name: str, event: tuple[str, Any]) -> None:
+    def _fan_out(self, job_name: str, event: RankEvent) -> None:
+        """Queue `event` for every live rank of the job here (their ``Attach`` streams send it)."""
         with self._cv:  # queued under the lock, so that no replay on attach can overtake it
             job = self._jobs.get(job_name)
             ranks = job.live_ranks() if job else []
             for r in ranks:
                 if r.rank_id in self._inbox:
                     self._inbox[r.rank_id].put(event)
-        if not ranks and event[0] == "granted":
-            self._grant_without_rank(job_name, event[1])
+        if not ranks and isinstance(event, Lease):
+            self._grant_without_rank(job_name, event)
 
-    def _grant_without_rank(self, job_name: str, lease: pb.Lease) -> None:
+    def _grant_without_rank(self, job_name: str, lease: Lease) -> None:
         """A grant for a job with no rank here: the job is not where its permit says. Recorded and told
         to the coordinator, which releases this node of the permit on the job's behalf where it can."""
-        self._record("grant_without_rank", job=job_name, epoch=lease.epoch, phase=convert.PHASE_FROM_PB[lease.phase].value,
+        self._record("grant_without_rank", job=job_name, epoch=lease.epoch, phase=lease.phase.value,
                      iteration=lease.iteration)
         if self._session is not None:
             self._session.report_unused(job_name, lease.epoch)
-
 
     # ------------------------------------------------------------------------------ rank leases
     def note(self, event: str, **fields: Any) -> None:
         """Record a node event (NodeStatus, the event log), e.g. a refused local connection."""
         self._record(event, **fields)
 
-    def register_job(self, spec: pb.JobSpec, nonce: str | None) -> JobClient:
+    def register_job(self, spec: JobSpec, nonce: str | None) -> JobClient:
         """Relay a local job's registration to the coordinator with this node's credential.
 
         Raises:
@@ -209,7 +210,7 @@ class NodeAgent(PermitRelay):
         return job
 
     def attach(self, job_name: str, job_token: str, rank: int, pid: int, *,
-               conn: str = "") -> tuple[RankLease, queue.Queue[Any]]:
+               conn: str = "") -> tuple[RankLease, queue.Queue[RankEvent | None]]:
         """Open a rank's lease on connection `conn`; checks the job token against the coordinator
         on the job's first rank (or when the token differs from the one already checked).
 
@@ -232,7 +233,7 @@ class NodeAgent(PermitRelay):
                                      f"not its token: register it first (rollmux.register) and pass the token "
                                      f"it returned ({exc})") from None
             except ServiceError as exc:
-                if "UNAVAILABLE" in str(exc):
+                if exc.code is ErrorCode.NOT_READY:
                     raise SidecarUnreachableError(
                         f"sidecar of node {self.config.node_id} cannot reach the coordinator "
                         f"{','.join(self.coordinator.targets)}: {exc}") from None
@@ -246,7 +247,7 @@ class NodeAgent(PermitRelay):
                               rank=rank, pid=pid, conn=conn)
             self._jobs[job_name].ranks[lease.rank_id] = lease
             self._ranks[lease.rank_id] = lease
-            inbox: queue.Queue[Any] = queue.Queue()
+            inbox: queue.Queue[RankEvent | None] = queue.Queue()
             self._inbox[lease.rank_id] = inbox
             self._relocations.replay(job_name, inbox)  # after the Attached event: the stream sends that first
         self._record("rank_attached", job=job_name, rank=rank, pid=pid)
@@ -260,7 +261,7 @@ class NodeAgent(PermitRelay):
         """
         try:
             placed, attach = self.coordinator.report_attach(self.config.node_id, job_name, token=self.node_token)
-        except FailedPreconditionError as exc:
+        except WirePlacementMismatchError as exc:
             self._record("attach_refused", job=job_name, reason=str(exc))
             raise PlacementMismatchError(str(exc)) from None
         self._record("job_attached", job=job_name, placement=list(placed), attach_nodes=list(attach))
@@ -298,12 +299,12 @@ class NodeAgent(PermitRelay):
                 self._relocations.drop(job.name)
             self._cv.notify_all()
         if inbox is not None:
-            inbox.put(("detached", None))  # ends the rank's Attach stream
+            inbox.put(None)  # ends the rank's Attach stream
         self._record("rank_detached" if clean else "rank_dead", job=lease.job, rank=lease.rank, pid=lease.pid)
         if abandoned:
             self._record("permit_abandoned", job=job.name, epoch=abandoned)
         if not clean:
-            self._fan_out(lease.job, ("revoked", pb.PermitRevoked(job=lease.job, reason=job.aborted or "")))
+            self._fan_out(lease.job, Revocation(job=lease.job, epoch=0, reason=job.aborted or ""))
         if deregister:
             try:
                 released = job.client.deregister()

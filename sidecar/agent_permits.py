@@ -24,10 +24,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from rollmux.coordinator.service.api import FailedPreconditionError, ServiceError
-from rollmux.coordinator.service.client import CoordinatorClient, Permit, PermitTimeoutError
-from rollmux.model import Lease, Migration, Phase
-from rollmux.sidecar.agent_records import AgentConfig, LocalJob, phase_key
+from rollmux.errors import ErrorCode
+from rollmux.model import Lease, Migration, Phase, phase_key
+from rollmux.sidecar.agent_records import AgentConfig, LocalJob
 from rollmux.sidecar.api import (
     JobAbortedError,
     PermitWaitTimeoutError,
@@ -37,6 +36,8 @@ from rollmux.sidecar.api import (
     SidecarUnreachableError,
 )
 from rollmux.sidecar.gpu import GpuProvider, holders_over
+from rollmux.wire.client import CoordinatorClient
+from rollmux.wire.errors import FailedPreconditionError, PermitTimeoutError, ServiceError
 
 log = logging.getLogger("rollmux.sidecar")
 
@@ -111,7 +112,7 @@ class PermitRelay:
                     job.permit, job.granted_at, job.released = permit, time.time(), {}
             self._record("granted", job=job.name, phase=phase, iteration=iteration, epoch=permit.epoch)
 
-    def _acquire_remote(self, job: LocalJob, phase: str, iteration: int, deadline: float) -> Permit:
+    def _acquire_remote(self, job: LocalJob, phase: str, iteration: int, deadline: float) -> Lease:
         """JobClient.acquire, waiting out the job's previous phase held on another node."""
         delay = 0.005
         while True:
@@ -123,7 +124,7 @@ class PermitRelay:
             except PermitTimeoutError as exc:
                 raise PermitWaitTimeoutError(str(exc)) from None
             except FailedPreconditionError as exc:
-                if "out of order" not in str(exc):
+                if exc.code is not ErrorCode.OUT_OF_ORDER:
                     raise RankLeaseError(str(exc)) from None
                 nxt = job.client.status()
                 if phase_key(nxt.next_phase.value, nxt.next_iteration) > phase_key(phase, iteration):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollmux.coordinator.service.client import JobClient, Permit
-from rollmux.model import Pool
-from rollmux.sidecar.api import PHASES, RankLease
+from rollmux.model import Lease, Pool
+from rollmux.sidecar.api import RankLease
 from rollmux.sidecar.gpu import DEFAULT_PROCESS_LIMIT_BYTES
+from rollmux.wire.client import JobClient
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +35,7 @@ class LocalJob:
     name: str
     client: JobClient
     ranks: dict[str, RankLease] = field(default_factory=dict)
-    permit: Permit | None = None  # granted on this node, not yet released
+    permit: Lease | None = None  # granted on this node, not yet released
     acquiring: tuple[str, int] | None = None  # (phase, iteration) a rank is asking the coordinator for
     releasing: bool = False  # the last local rank is releasing the node
     released: dict[str, float] = field(default_factory=dict)  # rank_id -> its phase duration, s
@@ -47,9 +47,4 @@ class LocalJob:
         return [r for r in self.ranks.values() if r.live]
 
 
-def phase_key(phase: str, iteration: int) -> tuple[int, int]:
-    """On-policy order of (`phase`, `iteration`): compare two keys to tell which phase comes first."""
-    return iteration, PHASES.index(phase)
-
-
-__all__ = ["AgentConfig", "LocalJob", "phase_key"]
+__all__ = ["AgentConfig", "LocalJob"]

@@ -14,8 +14,6 @@ import time
 from typing import Any
 
 from rollmux.model import Relocation, RelocationState
-from rollmux.proto import rollmux_v1_pb2 as pb
-from rollmux.proto.convert import relocation_to_pb
 
 
 class HeldRelocations:
@@ -23,16 +21,16 @@ class HeldRelocations:
 
     def __init__(self) -> None:
         # job -> (when heard, in `heard` order; its latest relocation directive), kept while pending
-        self._held: dict[str, tuple[int, pb.RelocationDirective]] = {}
+        self._held: dict[str, tuple[int, Relocation]] = {}
         self.heard = 0  # how many directives were held so far (a clock for `adopt`)
 
-    def hold(self, d: pb.RelocationDirective) -> None:
+    def hold(self, d: Relocation) -> None:
         """Keep `d` as its job's directive while it is pending; drop the job's directive once it ends
         (switched, expired, cancelled)."""
         held = self._held.get(d.job)
         if held is not None and held[1].epoch > d.epoch:
             return  # news of an older directive
-        if d.state == RelocationState.PENDING.value:
+        if d.state is RelocationState.PENDING:
             self.heard += 1
             self._held[d.job] = (self.heard, d)
         else:
@@ -48,7 +46,7 @@ class HeldRelocations:
             return
         if known is not None and known.state is RelocationState.PENDING:
             self.heard += 1
-            self._held[job_name] = (self.heard, relocation_to_pb(known))
+            self._held[job_name] = (self.heard, known)
         else:
             self._held.pop(job_name, None)
 
@@ -61,7 +59,7 @@ class HeldRelocations:
         if held[1].deadline_unix_s <= time.time():
             del self._held[job_name]
             return
-        inbox.put(("relocate", held[1]))
+        inbox.put(held[1])
 
     def drop(self, job_name: str) -> None:
         """Forget the job's directive (the job leaves this node)."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rollmux import lifecycle
-from rollmux.errors import RollMuxError
+from rollmux.errors import ErrorCode, RollMuxError
+from rollmux.model import PHASE_ORDER
 
 S = TypeVar("S", bound=enum.Enum)
 HISTORY_LIMIT = 16
@@ -29,33 +30,49 @@ HISTORY_LIMIT = 16
 class SidecarError(RollMuxError):
     """Base class of every error the sidecar and the shim raise on purpose."""
 
+    code = ErrorCode.FAILED_PRECONDITION
+
 
 class ShimConfigError(SidecarError, ValueError):
     """The shim is opted in but its configuration is incomplete (missing job name or token)."""
+
+    code = ErrorCode.INVALID_ARGUMENT
 
 
 class SidecarUnreachableError(SidecarError, ConnectionError):
     """Opted in, but the node sidecar (or the coordinator behind it) cannot be reached."""
 
+    code = ErrorCode.SIDECAR_UNREACHABLE
+
 
 class RankLeaseError(SidecarError):
     """A rank call the sidecar refuses: unknown rank id, stale epoch, or a call out of turn."""
+
+    code = ErrorCode.RANK_LEASE
 
 
 class PlacementMismatchError(RankLeaseError):
     """The job's rank attaches on a node outside the job's placement (I4); names both node sets."""
 
+    code = ErrorCode.PLACEMENT_MISMATCH
+
 
 class IllegalTransitionError(SidecarError, lifecycle.IllegalTransitionError):
     """A state change the lifecycle's transition table does not allow."""
+
+    code = ErrorCode.RANK_LEASE
 
 
 class JobAbortedError(SidecarError):
     """The job lost a rank (or its lease) while this rank waited; stop the job."""
 
+    code = ErrorCode.JOB_ABORTED
+
 
 class PermitWaitTimeoutError(SidecarError, TimeoutError):
     """A permit was not granted within the wait limit; the message names what it waited for."""
+
+    code = ErrorCode.PERMIT_TIMEOUT
 
 
 class LeaseLostError(SidecarError):
@@ -64,6 +81,8 @@ class LeaseLostError(SidecarError):
     Its results are fenced (the coordinator refuses the stale epoch): do not commit them; ask for
     the phase again, or end the job.
     """
+
+    code = ErrorCode.STALE_EPOCH
 
     def __init__(self, message: str = "the permit of this phase was revoked; the phase was stopped: do not "
                                       "commit its results, acquire the phase again") -> None:
@@ -82,10 +101,6 @@ def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float
 
 # ------------------------------------------------------------------------------------------ phases
 
-PHASES = ("rollout", "train", "sync")
-"""Phase names the shim accepts, in the coordinator's on-policy order Rollout(i) -> Train(i) -> Sync(i)."""
-
-
 COLOCATED_POOL = {"colocated-train": "train", "colocated-rollout": "rollout"}
 """The one pool every phase of a co-located job runs on (``rollmux.model.Deployment`` values)."""
 
@@ -95,8 +110,8 @@ def phase_pool(phase: str, deployment: str | None = None) -> str:
     rollout pool, train and sync on the training pool (sync is part of T_train in the policy). A
     co-located job runs every phase on one pool: "colocated-train" on training nodes,
     "colocated-rollout" on rollout nodes (``rollmux.model.Deployment``)."""
-    if phase not in PHASES:
-        raise ValueError(f"phase={phase!r} is not a RollMux phase: expected one of {', '.join(PHASES)}")
+    if phase not in PHASE_ORDER:
+        raise ValueError(f"phase={phase!r} is not a RollMux phase: expected one of {', '.join(PHASE_ORDER)}")
     if deployment in (None, "", "disaggregated"):
         return "rollout" if phase == "rollout" else "train"
     if deployment in COLOCATED_POOL:

@@ -21,7 +21,7 @@ MAX_SOCKET_PATH = 107  # sun_path limit on Linux, minus the terminating NUL
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from rollmux.coordinator.service import env as coord_env
+    from rollmux.wire import env as coord_env
 
     parser.add_argument("--coordinator", default=os.environ.get(coord_env.COORDINATOR),
                         help=f"coordinator HOST:PORT[,HOST:PORT] (default ${coord_env.COORDINATOR})")
@@ -89,14 +89,14 @@ def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from rollmux.coordinator.service import auth
-    from rollmux.coordinator.service.auth import read_secret
-    from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.model import ClusterSpec, Pool
     from rollmux.sidecar.agent import AgentConfig, NodeAgent
     from rollmux.sidecar.gpu import detect
     from rollmux.sidecar.peercred import PeerPolicy, resolve_group
     from rollmux.sidecar.server import serve
+    from rollmux.wire import auth
+    from rollmux.wire.auth import read_secret
+    from rollmux.wire.client import CoordinatorClient
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.coordinator:
@@ -155,7 +155,7 @@ def _wait_connected(agent: Any, args: argparse.Namespace, done: threading.Event)
     A refusal of the node's credential is final (exit 3, naming the coordinator's answer); anything
     else is retried, and reported with the last error once `--connect-wait-s` has passed.
     """
-    from rollmux.coordinator.service.api import PermissionDeniedError, UnauthenticatedError
+    from rollmux.wire.errors import PermissionDeniedError, UnauthenticatedError
 
     warn_at = time.monotonic() + args.connect_wait_s
     while not done.is_set():

@@ -1,7 +1,7 @@
 """Environment variables of the execution plane (shim and sidecar), each named once.
 
 Setting :data:`SIDECAR_SOCKET` is the opt-in: without it every shim call is a no-op. The coordinator
-address reuses the coordinator's own variable (``rollmux.coordinator.service.env.COORDINATOR``).
+address reuses the coordinator's own variable (``rollmux.wire.env.COORDINATOR``).
 """
 
 from __future__ import annotations

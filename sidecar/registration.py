@@ -100,9 +100,9 @@ def _unreachable(path: str, why: str) -> SidecarUnreachableError:
 def _call(path: str, spec: JobSpec, timeout_s: float):  # type: ignore[no-untyped-def]
     import grpc
 
-    from rollmux.proto import convert
     from rollmux.proto import sidecar_v1_pb2 as spb
     from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
+    from rollmux.wire import convert
 
     if not os.path.exists(path):
         raise _unreachable(path, "no socket exists at that path")

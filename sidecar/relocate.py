@@ -74,7 +74,7 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
     if rt is None or d is None:
         return False  # not opted in (grpc never imported), or nothing to do
     from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.proto.convert import relocation_from_pb
+    from rollmux.wire.convert import relocation_from_pb
     if rt.current is not None:
         raise RankLeaseError(f"rollmux.relocate() inside phase {rt.current.phase!r}: call it at an iteration "
                              "boundary, outside rollmux.phase")

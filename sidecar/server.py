@@ -24,27 +24,25 @@ from typing import Any
 
 import grpc
 
-from rollmux.coordinator.service.api import NotReadyError, ServiceError
-from rollmux.model import Lease
-from rollmux.proto import convert
+from rollmux.errors import ErrorCode
+from rollmux.model import Phase
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
-from rollmux.sidecar.api import (
-    PHASES,
-    IllegalTransitionError,
-    JobAbortedError,
-    PermitWaitTimeoutError,
-    RankLeaseError,
-    SidecarError,
-    SidecarUnreachableError,
-)
+from rollmux.sidecar.api import RankLeaseError, SidecarError, SidecarUnreachableError
 from rollmux.sidecar.peercred import Peer, PeerPolicy, SocketFront, private_socket_dir
+from rollmux.wire import convert
+from rollmux.wire.errors import (
+    STATUS_OF,
+    InvalidArgumentError,
+    NotReadyError,
+    ServiceError,
+    trailing_metadata,
+)
+from rollmux.wire.names import MAX_NAME_LEN, check_name
 
 log = logging.getLogger("rollmux.sidecar")
 
-MAX_NAME_LEN = 128
-"""Longest job name a rank may send (the coordinator's limit)."""
 MAX_TIMEOUT_S = 86_400.0
 """Longest permit wait one Acquire may ask for; the call's own deadline bounds it further."""
 MAX_DURATION_S = 86_400.0
@@ -53,30 +51,20 @@ MAX_HOST_BYTES = 1 << 50
 """Most host DRAM a rank may report its state cache holds (1 PiB)."""
 MAX_NONCE_LEN = 256
 
-_CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
-    (PermitWaitTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (JobAbortedError, grpc.StatusCode.ABORTED),
-    (SidecarUnreachableError, grpc.StatusCode.UNAVAILABLE),
-    (RankLeaseError, grpc.StatusCode.FAILED_PRECONDITION),
-    (IllegalTransitionError, grpc.StatusCode.FAILED_PRECONDITION),
-    (SidecarError, grpc.StatusCode.FAILED_PRECONDITION),
-]
-
-
-class _Invalid(Exception):
-    """A malformed request field (answered INVALID_ARGUMENT)."""
-
-
-def _status(exc: Exception) -> grpc.StatusCode | None:
-    if isinstance(exc, _Invalid):
-        return grpc.StatusCode.INVALID_ARGUMENT
+def _code(exc: Exception) -> ErrorCode | None:
+    """The code the rank gets for `exc` (None: not ours, a bug)."""
     if isinstance(exc, ServiceError):  # the coordinator's answer, passed on
-        code = exc.code
-        return grpc.StatusCode.UNAVAILABLE if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) else code
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
+        # the coordinator failed the call: to the rank, the sidecar could not get an answer
+        return ErrorCode.SIDECAR_UNREACHABLE if exc.code is ErrorCode.INTERNAL else exc.code
+    if isinstance(exc, SidecarError):
+        return exc.code
     return None
+
+
+def _abort(context: grpc.ServicerContext, code: ErrorCode, message: str) -> None:
+    """End the call with `code`'s status and the code itself in the trailing metadata."""
+    context.set_trailing_metadata(trailing_metadata(code))
+    context.abort(STATUS_OF[code], message)
 
 
 def _aborted(context: grpc.ServicerContext) -> bool:
@@ -92,15 +80,15 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, request, context)
         except Exception as exc:  # noqa: BLE001 - the RPC edge: nothing unexpected may reach the client raw
-            code = _status(exc)
+            code = _code(exc)
             if code is None:
                 if _aborted(context):
                     raise  # context.abort() already set the status
                 rid = secrets.token_hex(6)
                 log.exception("sidecar %s failed (request id %s)", fn.__name__, rid)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal sidecar error (request id {rid}); the sidecar "
-                                                        "log has the details")
-            context.abort(code, f"{type(exc).__name__}: {exc}")
+                _abort(context, ErrorCode.INTERNAL, f"internal sidecar error (request id {rid}); the sidecar "
+                                                    "log has the details")
+            _abort(context, code, f"{type(exc).__name__}: {exc}")
 
     return wrapper
 
@@ -113,37 +101,27 @@ def _stream_guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             yield from fn(self, request, context)
         except Exception as exc:  # noqa: BLE001
-            code = _status(exc)
+            code = _code(exc)
             if code is None:
                 if _aborted(context):
                     raise
                 rid = secrets.token_hex(6)
                 log.exception("sidecar %s failed (request id %s)", fn.__name__, rid)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal sidecar error (request id {rid})")
-            context.abort(code, f"{type(exc).__name__}: {exc}")
+                _abort(context, ErrorCode.INTERNAL, f"internal sidecar error (request id {rid})")
+            _abort(context, code, f"{type(exc).__name__}: {exc}")
 
     return wrapper
 
 
-def lease_to_pb(lease: Lease) -> spb.SidecarLease:
-    return spb.SidecarLease(job=lease.job, phase=lease.phase.value, iteration=lease.iteration, epoch=lease.epoch,
-                            nodes=list(lease.nodes), ttl_s=lease.ttl_s)
-
-
 def _name(value: str, field: str) -> str:
-    if not value:
-        raise _Invalid(f"{field} is missing: expected the registered job's name")
-    if len(value) > MAX_NAME_LEN or not value.isprintable() or " " in value:
-        raise _Invalid(f"{field}={value[:40]!r} is invalid: expected at most {MAX_NAME_LEN} printable characters "
-                       "without spaces")
-    return value
+    return check_name(value, field, MAX_NAME_LEN)
 
 
 def _number(value: float, field: str, high: float, *, low: float = 0.0, low_open: bool = False) -> float:
     ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
     if not ok:
         bound = f"> {low:g}" if low_open else f">= {low:g}"
-        raise _Invalid(f"{field}={value!r} is invalid: expected a finite number {bound} and <= {high:g}")
+        raise InvalidArgumentError(f"{field}={value!r} is invalid: expected a finite number {bound} and <= {high:g}")
     return value
 
 
@@ -177,7 +155,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
         peer = self._peer(context)
         _name(request.job, "job")
         if not request.job_token:
-            raise _Invalid("job_token is missing: register the job (rollmux.register, or RegisterJob) and pass "
+            raise InvalidArgumentError("job_token is missing: register the job (rollmux.register, or RegisterJob) and pass "
                            "its token (rollmux.init(job_token=...) or ROLLMUX_JOB_TOKEN)")
         if len(request.job_token) > MAX_NAME_LEN:
             raise RankLeaseError(f"coordinator refused job {request.job!r}: the token is not a RollMux job token")
@@ -192,63 +170,51 @@ class SidecarServicer(spb_grpc.SidecarServicer):
                                                   pool=self.agent.config.pool.value))
         while context.is_active():
             try:
-                kind, payload = inbox.get(timeout=0.5)
+                event = inbox.get(timeout=0.5)
             except queue.Empty:
                 continue
-            if kind == "detached":
+            if event is None:  # the lease ended (Detach, or the rank died)
                 return
-            if kind == "granted":
-                yield spb.RankEvent(granted=spb.Granted(lease=spb.SidecarLease(
-                    job=payload.job, phase=_phase_name(payload.phase), iteration=payload.iteration,
-                    epoch=payload.epoch, nodes=list(payload.nodes), ttl_s=payload.ttl_s)))
-            elif kind == "revoked":
-                yield spb.RankEvent(revoked=spb.Revoked(job=payload.job, epoch=payload.epoch, reason=payload.reason))
-            elif kind == "migrate":
-                yield spb.RankEvent(migrate=spb.Migrate(job=payload.job, epoch=payload.epoch,
-                                                        keep_nodes=list(payload.keep_nodes),
-                                                        release_nodes=list(payload.release_nodes)))
-            elif kind == "relocate":
-                yield spb.RankEvent(relocate=payload)
+            yield convert.rank_event_to_pb(event)
 
     @_guarded
     def Acquire(self, request: spb.AcquireRequest, context: grpc.ServicerContext) -> Any:
         peer = self._peer(context)
         rank_id = _rank_id(request.rank_id)
-        if request.phase not in PHASES:
-            raise _Invalid(f"phase={request.phase!r} is invalid: expected one of {', '.join(PHASES)}")
+        phase = convert.phase_from_pb(request.phase)
         if request.iteration < 0:
-            raise _Invalid(f"iteration={request.iteration} is invalid: expected >= 0")
+            raise InvalidArgumentError(f"iteration={request.iteration} is invalid: expected >= 0")
         timeout = _number(request.timeout_s, "timeout_s", MAX_TIMEOUT_S, low_open=True)
         remaining = context.time_remaining()
         if remaining is not None:  # never wait past the caller's own deadline
             timeout = max(0.001, min(timeout, remaining - 0.05))
         start = time.monotonic()
-        lease = self.agent.acquire(rank_id, request.phase, request.iteration, timeout, conn=peer.conn)
-        return spb.AcquireResponse(lease=lease_to_pb(lease), waited_s=time.monotonic() - start)
+        lease = self.agent.acquire(rank_id, phase.value, request.iteration, timeout, conn=peer.conn)
+        return spb.AcquireResponse(lease=convert.lease_to_pb(lease), waited_s=time.monotonic() - start)
 
     @_guarded
     def Release(self, request: spb.ReleaseRequest, context: grpc.ServicerContext) -> Any:
         peer = self._peer(context)
         rank_id = _rank_id(request.rank_id)
         if request.epoch < 0:
-            raise _Invalid(f"epoch={request.epoch} is invalid: expected the epoch of the lease Acquire returned")
+            raise InvalidArgumentError(f"epoch={request.epoch} is invalid: expected the epoch of the lease Acquire returned")
         duration = _number(request.duration_s, "duration_s", MAX_DURATION_S)
         host = int(_number(float(request.state_host_bytes), "state_host_bytes", float(MAX_HOST_BYTES)))
         released, phase, it = self.agent.release(rank_id, request.epoch, duration, host, conn=peer.conn)
-        return spb.ReleaseResponse(node_released=released, next_phase=phase, next_iteration=it)
+        return spb.ReleaseResponse(node_released=released, next_iteration=it,
+                                   next_phase=convert.PHASE_TO_PB[Phase(phase)] if phase else 0)
 
     @_guarded
     def Progress(self, request: spb.ProgressRequest, context: grpc.ServicerContext) -> Any:
         peer = self._peer(context)
         rank_id = _rank_id(request.rank_id)
         if request.total <= 0 or request.finished < 0 or request.finished > request.total:
-            raise _Invalid(f"progress finished={request.finished} total={request.total} is invalid: expected "
+            raise InvalidArgumentError(f"progress finished={request.finished} total={request.total} is invalid: expected "
                            "0 <= finished <= total and total > 0")
         m = self.agent.progress(rank_id, request.epoch, request.finished, request.total, conn=peer.conn)
         resp = spb.ProgressResponse()
         if m is not None:
-            resp.migrate.CopyFrom(spb.Migrate(job=m.job, epoch=m.epoch, keep_nodes=list(m.keep_nodes),
-                                              release_nodes=list(m.release_nodes)))
+            resp.migrate.CopyFrom(convert.migration_to_pb(m))
         return resp
 
     @_guarded
@@ -256,7 +222,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
         peer = self._peer(context)
         rank_id = _rank_id(request.rank_id)
         if request.epoch <= 0:
-            raise _Invalid(f"epoch={request.epoch} is invalid: expected the epoch of the relocation directive")
+            raise InvalidArgumentError(f"epoch={request.epoch} is invalid: expected the epoch of the relocation directive")
         rec, note = self.agent.relocate(rank_id, request.epoch, conn=peer.conn)
         return spb.RelocateResponse(directive=convert.relocation_to_pb(rec), note=note)
 
@@ -278,24 +244,18 @@ class SidecarServicer(spb_grpc.SidecarServicer):
     def Register(self, request: spb.RegisterRequest, context: grpc.ServicerContext) -> Any:
         self._peer(context)
         if not request.HasField("spec"):
-            raise _Invalid("spec is missing: expected the JobSpec to register")
+            raise InvalidArgumentError("spec is missing: expected the JobSpec to register")
         _name(request.spec.name, "spec.name")
         if len(request.nonce) > MAX_NONCE_LEN:
-            raise _Invalid(f"nonce is longer than {MAX_NONCE_LEN} characters")
+            raise InvalidArgumentError(f"nonce is longer than {MAX_NONCE_LEN} characters")
         try:
-            job = self.agent.register_job(request.spec, request.nonce or None)
+            job = self.agent.register_job(convert.spec_from_pb(request.spec), request.nonce or None)
         except NotReadyError as exc:
             raise SidecarUnreachableError(f"sidecar of node {self.agent.config.node_id} could not relay the "
                                           f"registration: {exc}") from None
         info = job.registration
         return spb.RegisterResponse(job=job.name, job_token=job.token, deployment=job.deployment or "",
                                     state=info.state if info else "")
-
-
-def _phase_name(value: int) -> str:
-    from rollmux.proto import convert
-
-    return convert.phase_from_pb(value).value
 
 
 class SidecarServer:

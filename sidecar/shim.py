@@ -50,9 +50,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rollmux.model import Migration
+from rollmux.model import PHASE_ORDER, Migration
 from rollmux.sidecar import env, registration
-from rollmux.sidecar.api import PHASES, LeaseLostError, ShimConfigError, SidecarError, phase_pool
+from rollmux.sidecar.api import LeaseLostError, ShimConfigError, SidecarError, phase_pool
 from rollmux.sidecar.registration import Registration, RegistrationError, register
 from rollmux.sidecar.shim_phases import enter_phase, exit_phase, leave_phase
 from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
@@ -163,8 +163,8 @@ class _Phase:
     __slots__ = ("name", "iteration", "_ctx")
 
     def __init__(self, name: str, iteration: int | None) -> None:
-        if name not in PHASES:
-            raise ValueError(f"rollmux.phase({name!r}): expected one of {', '.join(PHASES)}")
+        if name not in PHASE_ORDER:
+            raise ValueError(f"rollmux.phase({name!r}): expected one of {', '.join(PHASE_ORDER)}")
         self.name, self.iteration = name, iteration
         self._ctx: PhaseContext | None = None
 
@@ -213,7 +213,7 @@ def phase(name: str, *, iteration: int | None = None) -> _Phase:
     Raises (opted in only):
         PermitWaitTimeoutError, JobAbortedError, RankLeaseError, SidecarUnreachableError.
     """
-    if _runtime is None and _resolved and name in PHASES:
+    if _runtime is None and _resolved and name in PHASE_ORDER:
         return _NOOP_PHASES[name]  # not opted in: a shared, stateless no-op
     return _Phase(name, iteration)
 
@@ -230,7 +230,7 @@ class _NoopPhase(_Phase):
         return None
 
 
-_NOOP_PHASES = {p: _NoopPhase(p, None) for p in PHASES}
+_NOOP_PHASES = {p.value: _NoopPhase(p.value, None) for p in PHASE_ORDER}
 
 
 # ------------------------------------------------------------------------------- progress / state
@@ -251,13 +251,12 @@ def runtime_hook(finished: int, total: int) -> Migration | None:
     if ctx.lost:
         raise lost_error(rt, ctx)
     from rollmux.proto import sidecar_v1_pb2 as spb
+    from rollmux.wire import convert
 
     resp = rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
                                                     finished=finished, total=total), 30.0)
     if resp.HasField("migrate") and ctx.migration is None:
-        m = resp.migrate
-        ctx.migration = Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
-                                  release_nodes=tuple(m.release_nodes))
+        ctx.migration = convert.migration_from_pb(resp.migrate)
     if ctx.migration is None or ctx.migration_taken:
         return None
     ctx.migration_taken = True  # one directive per rollout: follow it once

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from rollmux.model import Lease, Phase
+from rollmux.model import Phase
 from rollmux.sidecar.api import LeaseLostError, RankLeaseError, phase_pool
 from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
 from rollmux.sidecar.shim_transport import rpc
@@ -29,6 +29,7 @@ def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:
         PermitWaitTimeoutError, JobAbortedError, SidecarUnreachableError: as :func:`rpc` maps them.
     """
     from rollmux.proto import sidecar_v1_pb2 as spb
+    from rollmux.wire import convert
 
     if rt.current is not None:
         raise RankLeaseError(f"rollmux.phase({name!r}) entered inside phase {rt.current.phase!r}: phases do "
@@ -37,11 +38,9 @@ def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:
     owner = phase_pool(name, rt.deployment) == rt.pool
     ctx = PhaseContext(phase=name, iteration=it, owner=owner, lease=None, t_request=time.time())
     if owner:
-        resp = rpc(rt, "Acquire", spb.AcquireRequest(rank_id=rt.rank_id, phase=name, iteration=it,
-                                                      timeout_s=rt.timeout_s), rt.timeout_s + 30.0)
-        ls = resp.lease
-        ctx.lease = Lease(job=ls.job, phase=Phase(ls.phase), iteration=ls.iteration, epoch=ls.epoch, nodes=tuple(ls.nodes),
-                          ttl_s=ls.ttl_s)
+        req = spb.AcquireRequest(rank_id=rt.rank_id, phase=convert.PHASE_TO_PB[Phase(name)], iteration=it,
+                                 timeout_s=rt.timeout_s)
+        ctx.lease = convert.lease_from_pb(rpc(rt, "Acquire", req, rt.timeout_s + 30.0).lease)
     rt.lost.clear()
     t0 = time.time()
     if rt.cache is not None:

@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmux.model import Lease, Migration, Relocation
-from rollmux.sidecar.api import PHASES, LeaseLostError
+from rollmux.model import PHASE_ORDER, Lease, Migration, Relocation
+from rollmux.sidecar.api import LeaseLostError
 
 
 @dataclass(slots=True, kw_only=True)
@@ -54,7 +54,7 @@ class Runtime:
     node_id: str
     pool: str
     deployment: str | None = None  # the job's deployment mode: which pool's rank owns each phase (phase_pool)
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys((p.value for p in PHASE_ORDER), 0))
     current: PhaseContext | None = None
     cache: Any = None  # rollmux.sidecar.state_cache.StateCache, created by register_state
     lost: threading.Event = field(default_factory=threading.Event)  # permit revoked / job aborted

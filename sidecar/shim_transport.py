@@ -12,7 +12,8 @@ import os
 import threading
 from typing import Any
 
-from rollmux.model import Migration
+from rollmux.errors import ErrorCode
+from rollmux.model import Migration, Relocation, Revocation
 from rollmux.sidecar import env
 from rollmux.sidecar.api import (
     JobAbortedError,
@@ -23,6 +24,10 @@ from rollmux.sidecar.api import (
     SidecarUnreachableError,
 )
 from rollmux.sidecar.shim_runtime import Runtime, lease_lost
+
+_REFUSED = frozenset({ErrorCode.RANK_LEASE, ErrorCode.FAILED_PRECONDITION, ErrorCode.STALE_EPOCH,
+                      ErrorCode.OUT_OF_ORDER})
+"""Codes of a rank call the sidecar (or the coordinator behind it) refuses as not legal now."""
 
 
 def unreachable(path: str, why: str) -> SidecarUnreachableError:
@@ -75,25 +80,21 @@ def watch(rt: Runtime) -> None:
     """Consume the Attach stream: revocations and migration directives; notice a lost sidecar."""
     import grpc
 
+    from rollmux.wire import convert
+
     try:
         for ev in rt.stream:
-            kind = ev.WhichOneof("kind")
-            if kind == "revoked":
-                lease_lost(rt, ev.revoked.epoch, ev.revoked.reason or "revoked by the coordinator")
-            elif kind == "migrate":
-                m = ev.migrate
-                directive = Migration(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
-                                      release_nodes=tuple(m.release_nodes))
-                rt.migrations.append(directive)
+            event = convert.rank_event_from_pb(ev)
+            if isinstance(event, Revocation):
+                lease_lost(rt, event.epoch, event.reason or "revoked by the coordinator")
+            elif isinstance(event, Migration):
+                rt.migrations.append(event)
                 cur = rt.current
-                if cur is not None and cur.lease is not None and cur.lease.epoch == m.epoch and cur.migration is None:
-                    cur.migration = directive
-            elif kind == "relocate":
-                from rollmux.proto.convert import relocation_from_pb
-
-                heard = relocation_from_pb(ev.relocate)
-                if rt.relocation is None or heard.epoch >= rt.relocation.epoch:
-                    rt.relocation = heard
+                if (cur is not None and cur.lease is not None and cur.lease.epoch == event.epoch
+                        and cur.migration is None):
+                    cur.migration = event
+            elif isinstance(event, Relocation) and (rt.relocation is None or event.epoch >= rt.relocation.epoch):
+                rt.relocation = event
     except grpc.RpcError as exc:
         if not rt.closing:
             rt.broken = f"the sidecar stream ended: {exc.code().name} {exc.details()}"
@@ -107,27 +108,30 @@ def rpc(rt: Runtime, method: str, request: Any, timeout_s: float) -> Any:
 
     Raises:
         PermitWaitTimeoutError: DEADLINE_EXCEEDED. JobAbortedError: ABORTED.
-        RankLeaseError: FAILED_PRECONDITION. SidecarUnreachableError: UNAVAILABLE, or the stream broke.
+        RankLeaseError: a refusal (`_REFUSED`). SidecarUnreachableError: unreachable, or the stream broke.
         SidecarError: any other status.
     """
     import grpc
+
+    from rollmux.wire.errors import code_of
 
     if rt.broken:
         raise unreachable(rt.socket, rt.broken)
     try:
         return getattr(rt.stub, method)(request, timeout=timeout_s)
     except grpc.RpcError as exc:
-        code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        status, details = exc.code(), exc.details() or ""
+        code = code_of(status, exc.trailing_metadata())
+        if code is ErrorCode.PERMIT_TIMEOUT:
             raise PermitWaitTimeoutError(f"job {rt.job!r} rank {rt.rank}: {details or 'permit wait timed out'}") \
                 from None
-        if code == grpc.StatusCode.ABORTED:
+        if code is ErrorCode.JOB_ABORTED:
             raise JobAbortedError(details) from None
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
+        if code in _REFUSED:
             raise RankLeaseError(details) from None
-        if code == grpc.StatusCode.UNAVAILABLE:
+        if code in (ErrorCode.SIDECAR_UNREACHABLE, ErrorCode.NOT_READY):
             raise unreachable(rt.socket, f"the sidecar call {method} failed: {details}") from None
-        raise SidecarError(f"sidecar call {method} failed: {code.name} {details}") from None
+        raise SidecarError(f"sidecar call {method} failed: {status.name} {details}") from None
 
 
 __all__ = ["attach", "rpc", "unreachable", "watch"]

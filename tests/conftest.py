@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import REDIS_BIN, RedisProcess
 from rollmux.model import ClusterSpec
+from rollmux.testing.chaos.procs import REDIS_BIN, RedisProcess
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

@@ -26,12 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollmux.adapters.common.api import AdapterError, Wrapper
+from rollmux.model import next_phase
 
 log = logging.getLogger(__name__)
-
-ORDER = ("rollout", "train", "sync")
-"""On-policy order inside one iteration (the coordinator's ``PHASE_ORDER``)."""
-
 
 class Gate(Protocol):
     """Where one phase's permit is taken: ``enter`` blocks until granted, ``exit`` releases it."""
@@ -160,8 +157,8 @@ class PhaseTracker:
                 self._open = None
                 t_release = time.time()
                 self.gate_for(cur.phase).exit(cur.handle)
-                idx = ORDER.index(cur.phase)
-                self._next = (ORDER[idx + 1], cur.iteration) if idx + 1 < len(ORDER) else ("rollout", cur.iteration + 1)
+                nxt, nit = next_phase(cur.phase, cur.iteration)
+                self._next = (nxt.value, nit)
                 rec = PhaseRecord(phase=cur.phase, iteration=cur.iteration, t_request=cur.t_request,
                                   t_start=cur.t_start, t_release=t_release, t_end=time.time())
                 self.history.append(rec)

@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from rollmux.adapters.roll.phases import Action, Step
-from rollmux.sidecar.api import PHASES, phase_pool
+from rollmux.model import PHASE_ORDER
+from rollmux.sidecar.api import phase_pool
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict
 
     cls = ray.remote(num_cpus=0, max_concurrency=4)(PoolGate)
     actors = {}
-    used = {phase_pool(p, deployment) for p in PHASES}
+    used = {phase_pool(p, deployment) for p in PHASE_ORDER}
     for rank, pool in enumerate(p for p in POOLS if p in used):
         node = node_ids.get(pool)
         opts: dict[str, Any] = {"name": gate_name(pool), "get_if_exists": False}

@@ -27,6 +27,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from rollmux.model import PHASE_ORDER, next_phase, phase_key
+
 SPAN_PHASES: dict[str, str] = {
     "model_update": "sync",
     "generate": "rollout",  # RLVRPipeline
@@ -47,9 +49,6 @@ permit is held until the first train span opens."""
 STEP_SPAN = "pipeline_step"
 """The span around one whole step; its ``global_step`` attribute numbers the step."""
 
-ORDER = ("rollout", "train", "sync")
-
-
 class Action(str, enum.Enum):
     OPEN = "open"  # acquire the permit for (phase, iteration) and hold it
     CLOSE = "close"  # release the permit held for (phase, iteration)
@@ -64,8 +63,8 @@ class Step:
     iteration: int
 
     def __post_init__(self) -> None:
-        if self.phase not in ORDER:
-            raise ValueError(f"phase={self.phase!r}: expected one of {', '.join(ORDER)}")
+        if self.phase not in PHASE_ORDER:
+            raise ValueError(f"phase={self.phase!r}: expected one of {', '.join(PHASE_ORDER)}")
         if self.iteration < 0:
             raise ValueError(f"iteration={self.iteration}: expected >= 0")
 
@@ -146,7 +145,7 @@ class PhaseTracker:
         steps: list[Step] = []
         while self._next != (phase, it):
             nphase, nit = self._next
-            if (nit, ORDER.index(nphase)) > (it, ORDER.index(phase)):
+            if phase_key(nphase, nit) > phase_key(phase, it):
                 raise ValueError(f"phase {phase}({it}) is behind the job's on-policy order (next is "
                                  f"{nphase}({nit})): ROLL ran a phase twice in one step")
             steps += [Step(action=Action.OPEN, phase=nphase, iteration=nit),
@@ -158,5 +157,5 @@ class PhaseTracker:
 
 
 def _successor(phase: str, it: int) -> tuple[str, int]:
-    i = ORDER.index(phase)
-    return (ORDER[i + 1], it) if i + 1 < len(ORDER) else (ORDER[0], it + 1)
+    nxt, nit = next_phase(phase, it)
+    return nxt.value, nit

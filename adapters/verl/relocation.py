@@ -46,6 +46,7 @@ from rollmux.adapters.common.relocation import (
     marker_for,
     marker_record,
     read_marker,
+    record,
     restart_how,
     write_marker,
 )
@@ -104,7 +105,6 @@ def at_sync_end(r: Any) -> None:
     """Close the open Sync of runner `r`; with a directive pending that the job can honour, first save
     veRL's checkpoint inside the Sync permit (the job's nodes are still its own)."""
     import rollmux
-    from rollmux.adapters.verl.runner import record
 
     t = r.tracker
     d = rollmux.relocation() if t.current == "sync" else None
@@ -133,7 +133,6 @@ def at_rollout_begin(r: Any) -> None:
         JobRelocated: the coordinator switched the job; this process stops (the driver exits 75).
     """
     import rollmux
-    from rollmux.adapters.verl.runner import record
 
     epoch, it = r.relocating, r.tracker.iteration  # `it`: the Rollout the job resumes at
     r.relocating = None
@@ -153,7 +152,6 @@ def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
 
 def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
     """Detach without deregistering (the job stays registered, its next phase Rollout(iteration))."""
-    from rollmux.adapters.verl.runner import record
     from rollmux.sidecar import shim
 
     r.finished = True  # no more gates in this process; the job stays registered

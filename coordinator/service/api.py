@@ -1,8 +1,9 @@
-"""Contracts of the live coordinator: lifecycle enums, configuration and the error hierarchy.
+"""Contracts of the live coordinator: lifecycle enums, configuration and its internal errors.
 
-Every error a caller can provoke is a `ServiceError` carrying the gRPC status code it maps to; the
-servicer translates it at the RPC boundary. A request refused with a `ServiceError` has changed no
-state (validation happens before any transition, and transitions are decided before they are applied).
+Every error a caller can provoke is a `ServiceError` (`rollmux.wire.errors`, re-exported here for
+the coordinator's own modules) carrying an `ErrorCode`; the servicer translates it at the RPC
+boundary. A request refused with a `ServiceError` has changed no state (validation happens before
+any transition, and transitions are decided before they are applied).
 """
 
 from __future__ import annotations
@@ -10,11 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-import grpc
-
 from rollmux import lifecycle
 from rollmux.coordinator.policy.migration import MigrationRule
 from rollmux.errors import RollMuxError
+from rollmux.wire.errors import (  # noqa: F401  (the coordinator's modules import them from here)
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    NotReadyError,
+    OutOfOrderError,
+    PermissionDeniedError,
+    PlacementMismatchError,
+    ServiceError,
+    StaleEpochError,
+    UnauthenticatedError,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Lifecycles (transition tables live in `states.py`)
@@ -152,65 +164,6 @@ class ServiceConfig:
 # ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------
-
-
-class ServiceError(RollMuxError):
-    """A request the coordinator refuses; `code` is the gRPC status it maps to."""
-
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-
-
-class InvalidArgumentError(ServiceError, ValueError):
-    """A request field is missing, negative, too long or otherwise malformed."""
-
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class NotFoundError(ServiceError, KeyError):
-    """A job, node or lease id that the coordinator does not know."""
-
-    code = grpc.StatusCode.NOT_FOUND
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class AlreadyExistsError(ServiceError):
-    """A job or node name that is already registered (with other credentials)."""
-
-    code = grpc.StatusCode.ALREADY_EXISTS
-
-
-class FailedPreconditionError(ServiceError):
-    """The request is well-formed but not legal now (out-of-order phase, stale epoch, ...)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class StaleEpochError(FailedPreconditionError):
-    """A renew, release or progress report carrying an epoch that no longer holds the lease."""
-
-
-class PlacementMismatchError(FailedPreconditionError):
-    """A job's ranks attach on a node outside its placement (I4); the message names both node sets."""
-
-
-class PermissionDeniedError(ServiceError):
-    """Missing or wrong token, or a job touching another job's permit."""
-
-    code = grpc.StatusCode.PERMISSION_DENIED
-
-
-class UnauthenticatedError(ServiceError):
-    """No credentials at all where some are required."""
-
-    code = grpc.StatusCode.UNAUTHENTICATED
-
-
-class NotReadyError(ServiceError):
-    """The coordinator is recovering (store unreachable, state reloading, not the leader)."""
-
-    code = grpc.StatusCode.UNAVAILABLE
 
 
 class IllegalTransitionError(lifecycle.IllegalTransitionError):

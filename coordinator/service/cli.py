@@ -15,9 +15,16 @@ from rollmux.coordinator.service.event_loop import run as run_event_loop
 
 HELP = "Run the coordinator service (gRPC API rollmux.v1, Redis or embedded state, probes, metrics)."
 
+LIVE_MECHANISMS = {"learn": "learning", "regroup": "regroup", "work_aware": "work_aware", "best_move": "best_move",
+                   "regroup_on_learn": "regroup_on_learn"}
+"""The policy mechanisms a live coordinator may switch off: `PolicyConfig` field -> `ServiceConfig` field
+(deployment modes are opt-in, ``--deployment-modes``; the rest run as `live_policy_config` sets them)."""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from rollmux.coordinator.policy_flags import add_mechanism_flags
     from rollmux.coordinator.service import env
+    from rollmux.wire import env as wire_env
 
     parser.add_argument("--listen", default="0.0.0.0:50051", help="gRPC HOST:PORT (port 0 = any free port)")
     store = parser.add_mutually_exclusive_group()
@@ -25,8 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     store.add_argument("--embedded", action="store_true", help="keep state in this process (single machine)")
     parser.add_argument("--namespace", default="rollmux", help="Redis key prefix")
     parser.add_argument("--http", default="0.0.0.0:8080", help="HOST:PORT for /livez /readyz /metrics ('' = off)")
-    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${env.SECRET_FILE} names "
-                                              f"the file, else ${env.BOOTSTRAP_SECRET} holds it)")
+    parser.add_argument("--secret-file", help=f"file holding the bootstrap secret (else ${wire_env.SECRET_FILE} names "
+                                              f"the file, else ${wire_env.BOOTSTRAP_SECRET} holds it)")
     parser.add_argument("--instance-id", default=socket.gethostname(),
                         help="leadership owner name; a restart with the same id takes over at once, "
                              "a standby with another id waits for the lease to lapse")
@@ -54,20 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deployment-modes", action="store_true",
                         help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
                              "default: every job disaggregated")
-    parser.add_argument("--no-learning", action="store_true",
-                        help="plan with worst-case phase times only (default: learn them from measured iterations)")
-    parser.add_argument("--no-regroup", action="store_true",
-                        help="never relocate running jobs between groups (default: on a departure, move a job "
-                             "where that saves $/h, by a directive it honours at an iteration boundary)")
-    parser.add_argument("--no-work-aware", action="store_true",
-                        help="admit by the cheapest join in $/h (default: refuse a join that costs more $ per unit "
-                             "of work than the job alone, when free nodes can host it alone)")
-    parser.add_argument("--no-best-move", action="store_true",
-                        help="regroup by the first of single move, pair merge, pool merge that pays (default: the "
-                             "one saving the most $)")
-    parser.add_argument("--no-regroup-on-learn", action="store_true",
-                        help="look for moves only after departures (default: also when a job's phase times "
-                             "become learned)")
+    add_mechanism_flags(parser, only=LIVE_MECHANISMS)
     parser.add_argument("--relocation-deadline", type=float, default=120.0,
                         help="seconds a job has to honour a relocation directive before it expires (it then "
                              "keeps its place)")
@@ -87,12 +81,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from rollmux.coordinator.policy_flags import mechanisms_on
     from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.api import ServiceConfig
-    from rollmux.coordinator.service.auth import read_secret
     from rollmux.coordinator.service.server import Running, ServerOptions, serve
     from rollmux.errors import SpecError
     from rollmux.model import ClusterSpec, GpuCatalog
+    from rollmux.wire.auth import read_secret
 
     logs.setup(args.log_level, args.log_format)
     if not args.redis and not args.embedded:
@@ -119,9 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                  max_nodes_per_job=args.max_nodes_per_job,
                                  relayed_registration=not args.no_relayed_registration,
                                  deployment_modes=args.deployment_modes,
-                                 learning=not args.no_learning, regroup=not args.no_regroup,
-                                 work_aware=not args.no_work_aware, best_move=not args.no_best_move,
-                                 regroup_on_learn=not args.no_regroup_on_learn,
+                                 **{LIVE_MECHANISMS[f]: on for f, on in mechanisms_on(args).items()},
                                  relocation_deadline_s=args.relocation_deadline),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node,

@@ -22,18 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rollmux.coordinator.service.api import JobState, NodeState, PermitState
-from rollmux.model import JobSpec, Phase, Pool, Relocation, RelocationState
-
-PHASE_ORDER: tuple[Phase, ...] = (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC)
-"""On-policy order inside one iteration: Rollout(i) -> Train(i) -> Sync(i) -> Rollout(i+1)."""
-
-
-def next_phase(phase: Phase, iteration: int) -> tuple[Phase, int]:
-    """The phase that follows `phase` of `iteration` in on-policy order."""
-    if phase is Phase.SYNC:
-        return Phase.ROLLOUT, iteration + 1
-    return PHASE_ORDER[PHASE_ORDER.index(phase) + 1], iteration
-
+from rollmux.model import JobSpec, Lease, Phase, Pool, Relocation, RelocationState
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
@@ -161,6 +150,11 @@ class PermitRecord:
 
     def describe(self) -> str:
         return f"permit {self.job} {self.phase.value}({self.iteration}) epoch {self.epoch}"
+
+    def to_lease(self, ttl_s: float) -> Lease:
+        """The lease this permit holds, as the wire hands it out (`ttl_s`: how long it lasts unrenewed)."""
+        return Lease(job=self.job, phase=self.phase, iteration=self.iteration, epoch=self.epoch, nodes=self.nodes,
+                     ttl_s=ttl_s)
 
     def to_json(self) -> str:
         return dumps({"job": self.job, "phase": self.phase.value, "iteration": self.iteration,

@@ -25,28 +25,37 @@ from rollmux.coordinator.service.api import (
     PermissionDeniedError,
     PermitState,
     ServiceError,
-    WaitOutcome,
 )
-from rollmux.coordinator.service.auth import Authenticator, bearer, new_token, sha256_hex
+from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
 from rollmux.coordinator.service.records import PermitRecord
 from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
 from rollmux.coordinator.service.runtime.admission import Registered
-from rollmux.errors import SpecError
-from rollmux.model import JobSpec, Node, Phase
-from rollmux.proto import convert
+from rollmux.errors import ErrorCode, SpecError
+from rollmux.model import (
+    ClusterInfo,
+    GroupInfo,
+    JobInfo,
+    JobSpec,
+    Migration,
+    Node,
+    NodeEvent,
+    NodeInfo,
+    NodeSnapshot,
+    Phase,
+    Revocation,
+)
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+from rollmux.wire import convert
+from rollmux.wire.auth import bearer, new_token, sha256_hex
+from rollmux.wire.client import NODE_METADATA_KEY
+from rollmux.wire.errors import STATUS_OF, trailing_metadata
+from rollmux.wire.names import check_name
 
 log = logging.getLogger("rollmux.coordinator")
 _REGISTERED_HOW = {Registered.NEW: "", Registered.RETRIED: " again (token rotated)",
                    Registered.REATTACHED: " again on its new nodes after a relocation (re-attached, new token)"}
-
-NODE_METADATA_KEY = "x-rollmux-node"
-"""gRPC metadata naming the node of a NodeStream."""
-
-OUTCOME_TO_PB = {WaitOutcome.GRANTED: pb.WAIT_OUTCOME_GRANTED, WaitOutcome.TIMEOUT: pb.WAIT_OUTCOME_TIMEOUT,
-                 WaitOutcome.JOB_REMOVED: pb.WAIT_OUTCOME_JOB_REMOVED}
 
 
 def oversized(request: Any, limit: int) -> str:
@@ -78,16 +87,19 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             if request.ByteSize() > self.core.config.max_request_bytes:
                 raise InvalidArgumentError(oversized(request, self.core.config.max_request_bytes))
             return await fn(self, request, context)
-        except ServiceError as exc:
-            await context.abort(exc.code, str(exc))
-        except SpecError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except (ServiceError, SpecError) as exc:
+            await _abort(context, exc.code, str(exc))
         except grpc.aio.AbortError:
             raise
         except Exception:  # noqa: BLE001 - the RPC edge: log it and answer INTERNAL, never UNKNOWN
-            await context.abort(grpc.StatusCode.INTERNAL, _internal(fn.__name__, context))
+            await _abort(context, ErrorCode.INTERNAL, _internal(fn.__name__, context))
 
     return wrapper
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: ErrorCode, message: str) -> None:
+    """End the call with `code`'s status and the code itself in the trailing metadata."""
+    await context.abort(STATUS_OF[code], message, trailing_metadata(code))
 
 
 def _internal(method: str, context: grpc.aio.ServicerContext) -> str:
@@ -116,14 +128,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     # validation helpers
     # ------------------------------------------------------------------------------------------
     def _name(self, value: str, field: str) -> str:
-        limit = self.core.config.max_name_len
-        if not value:
-            raise InvalidArgumentError(f"{field} is missing: expected a non-empty name")
-        # isprintable() refuses every whitespace character except the ASCII space
-        if len(value) > limit or not value.isprintable() or " " in value:
-            raise InvalidArgumentError(f"{field}={value[:40]!r} is invalid: expected at most {limit} printable "
-                                       "characters without spaces")
-        return value
+        return check_name(value, field, self.core.config.max_name_len)
 
     def _job(self, context: grpc.aio.ServicerContext, name: str) -> str:
         """Authenticate a job call, then look the job up: an unknown job and a wrong token get the
@@ -181,7 +186,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self.core.require_ready()
             self.core.rt.node(node_id)
         except ServiceError as exc:
-            await context.abort(exc.code, str(exc))
+            await _abort(context, exc.code, str(exc))
             return
         try:
             async for msg in self._node_stream(node_id, request_iterator):
@@ -189,7 +194,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception:  # noqa: BLE001 - the RPC edge
-            await context.abort(grpc.StatusCode.INTERNAL, _internal("NodeStream", context))
+            await _abort(context, ErrorCode.INTERNAL, _internal("NodeStream", context))
 
     async def _node_stream(self, node_id: str, request_iterator: AsyncIterator[pb.NodeUp]
                            ) -> AsyncIterator[pb.NodeDown]:
@@ -202,9 +207,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 notice = await outbox.get()
                 if notice is None:
                     return
-                msg = self._node_message(node_id, notice)
-                if msg is not None:
-                    yield msg
+                event = self._node_event(node_id, notice)
+                if event is not None:
+                    yield convert.node_event_to_pb(event)
         finally:
             reader.cancel()
             if self.core.close_stream(node_id, outbox) and self.core.ready:
@@ -252,34 +257,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         log.info("job rank attached", extra={"job": name, "node": node_id, "placement": ",".join(placed)})
         return pb.ReportAttachResponse(placement_nodes=placed, attach_nodes=attach)
 
-    def _node_message(self, node_id: str, notice: Notice) -> pb.NodeDown | None:
+    def _node_event(self, node_id: str, notice: Notice) -> NodeEvent | None:
+        """What the node's sidecar hears of `notice` (None: it is out of date, or not for the stream)."""
         rt = self.core.rt
         ttl = self.core.config.lease_ttl_s
         if notice.kind is NoticeKind.NODE:
             node = rt.nodes.get(node_id)
             if node is None:
                 return None
-            snap = pb.NodeSnapshot(node_id=node_id, state=node.state.value)
             holder = rt.holder.get(node_id)
-            if holder is not None:
-                snap.holder.CopyFrom(convert.lease_to_pb(rt.permits[holder], ttl))
-            return pb.NodeDown(snapshot=snap)
+            return NodeSnapshot(node_id=node_id, state=node.state.value,
+                                holder=None if holder is None else rt.permits[holder].to_lease(ttl))
         if notice.kind is NoticeKind.GRANTED:
             permit = rt.permits.get(notice.job)
             if permit is None or permit.epoch != notice.epoch:
                 return None
-            return pb.NodeDown(granted=pb.PermitGranted(lease=convert.lease_to_pb(permit, ttl)))
+            return permit.to_lease(ttl)
         if notice.kind is NoticeKind.REVOKED:
-            return pb.NodeDown(revoked=pb.PermitRevoked(job=notice.job, epoch=notice.epoch, reason=notice.reason))
+            return Revocation(job=notice.job, epoch=notice.epoch, reason=notice.reason)
         if notice.kind is NoticeKind.RELOCATE:
             rec = rt.relocations.get(notice.job)
             if rec is None or rec.epoch != notice.epoch:
                 return None
-            return pb.NodeDown(relocate=convert.relocation_to_pb(rec.to_model()))
+            return rec.to_model()
         if notice.kind is NoticeKind.MIGRATE:
-            return pb.NodeDown(migrate=pb.MigrationDirective(job=notice.job, epoch=notice.epoch,
-                                                             keep_nodes=notice.keep_nodes,
-                                                             release_nodes=notice.release_nodes))
+            return Migration(job=notice.job, epoch=notice.epoch, keep_nodes=tuple(notice.keep_nodes),
+                             release_nodes=tuple(notice.release_nodes))
         return None
 
     # ------------------------------------------------------------------------------------------
@@ -323,12 +326,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         log.info("job registered%s", _REGISTERED_HOW[how],
                  extra={"job": spec.name, "group": job.group_id, "state": job.state.value,
                         "relayed_by": relayed_by})
-        return pb.RegisterJobResponse(job_token=token, status=job_status(self.core.rt, spec.name))
+        return pb.RegisterJobResponse(job_token=token,
+                                      status=convert.job_info_to_pb(job_status(self.core.rt, spec.name)))
 
     @_rpc
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> Any:
         name = self._job(context, request.job)
-        return job_status(self.core.rt, name)
+        return convert.job_info_to_pb(job_status(self.core.rt, name))
 
     def _wait_budget(self, timeout_s: float, context: grpc.aio.ServicerContext) -> float:
         """The server-side wait a call may make: its ask, the server maximum and the RPC deadline."""
@@ -358,7 +362,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             if permit is not None and permit.state is PermitState.GRANTED:
                 await core.grant_durable(name)  # only hand out a grant the store holds
                 return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_GRANTED, waited_s=core.clock() - start,
-                                                lease=convert.lease_to_pb(permit, core.config.lease_ttl_s))
+                                                lease=convert.lease_to_pb(permit.to_lease(core.config.lease_ttl_s)))
             remaining = deadline - core.clock()
             if remaining <= 0:
                 return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_TIMEOUT, waited_s=core.clock() - start,
@@ -428,8 +432,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if decision is not None:
             log.info("long-tail migration", extra={"job": name, "epoch": epoch,
                                                    "release": ",".join(decision.release_nodes)})
-            resp.migrate.CopyFrom(pb.MigrationDirective(job=name, epoch=epoch, keep_nodes=decision.keep_nodes,
-                                                        release_nodes=decision.release_nodes))
+            resp.migrate.CopyFrom(convert.migration_to_pb(decision))
         return resp
 
     @_rpc
@@ -454,8 +457,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_rpc
     async def GetClusterState(self, request: pb.ClusterStateRequest, context: grpc.aio.ServicerContext) -> Any:
         self.auth.check_operator(bearer(context.invocation_metadata()))
-        return cluster_state(self.core.rt, ready=self.core.ready, fence=self.core.fence,
-                             ttl_s=self.core.config.lease_ttl_s)
+        return convert.cluster_info_to_pb(cluster_state(self.core.rt, ready=self.core.ready, fence=self.core.fence,
+                                                        ttl_s=self.core.config.lease_ttl_s))
 
     @_rpc
     async def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -479,53 +482,49 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 # ----------------------------------------------------------------------------------------------
 
 
-def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> pb.JobStatus:
+def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> JobInfo:
+    """Job `name` as the coordinator sees it now (GetJob, RegisterJob, GetClusterState)."""
     job = rt.job(name)
     ttl = rt.config.lease_ttl_s if ttl_s is None else ttl_s
-    msg = pb.JobStatus(job=name, state=job.state.value, group_id=job.group_id, rollout_nodes=rt.phase_nodes(job, Phase.ROLLOUT),
-                       train_nodes=rt.phase_nodes(job, Phase.TRAIN), placement=job.placement,
-                       relayed_by=job.relayed_by)
     permit = rt.permits.get(name)
-    if permit is None:
-        msg.next_phase, msg.next_iteration, msg.permit_state = pb.PHASE_ROLLOUT, 0, "pending-admission"
-    else:
-        msg.next_phase = convert.PHASE_TO_PB[permit.phase]
-        msg.next_iteration, msg.permit_state = permit.iteration, permit.state.value
-        msg.observed_roll_s, msg.observed_train_s = permit.observed_roll_s, permit.observed_train_s
-        if permit.state is PermitState.GRANTED:
-            msg.lease.CopyFrom(convert.lease_to_pb(permit, ttl))
-    if job.state is JobState.PENDING:
-        msg.pending_position = rt.pending().index(name) + 1
     rec = rt.relocations.get(name)
-    if rec is not None:
-        msg.relocation.CopyFrom(convert.relocation_to_pb(rec.to_model()))
     group = rt.placement.groups.get(job.group_id)
     member = group.members.get(name) if group is not None else None
+    learned = (0.0, 0.0, 0.0)
     if member is not None and member.profile.learned:
         p = member.profile
-        msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s = p.t_roll_s, p.t_train_s, p.t_solo_s
-    return msg
+        learned = (p.t_roll_s, p.t_train_s, p.t_solo_s)
+    return JobInfo(
+        job=name, state=job.state.value, group_id=job.group_id,
+        rollout_nodes=tuple(rt.phase_nodes(job, Phase.ROLLOUT)), train_nodes=tuple(rt.phase_nodes(job, Phase.TRAIN)),
+        placement=job.placement, relayed_by=job.relayed_by,
+        next_phase=Phase.ROLLOUT if permit is None else permit.phase,
+        next_iteration=0 if permit is None else permit.iteration,
+        permit_state="pending-admission" if permit is None else permit.state.value,
+        observed_roll_s=0.0 if permit is None else permit.observed_roll_s,
+        observed_train_s=0.0 if permit is None else permit.observed_train_s,
+        lease=permit.to_lease(ttl) if permit is not None and permit.state is PermitState.GRANTED else None,
+        pending_position=rt.pending().index(name) + 1 if job.state is JobState.PENDING else 0,
+        relocation=None if rec is None else rec.to_model(), learned=learned)
 
 
-def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> pb.ClusterStateResponse:
+def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> ClusterInfo:
+    """The coordinator's whole state (GetClusterState)."""
     node_group = rt.placement.node_group
-    resp = pb.ClusterStateResponse(ready=ready, leader_fence=fence, pending=rt.pending(),
-                                   usd_per_h=rt.placement.usd_per_h)
+    nodes = []
     for node in sorted(rt.nodes.values(), key=lambda n: (n.pool.value, n.node_id)):
-        info = pb.NodeInfo(node_id=node.node_id, pool=convert.POOL_TO_PB[node.pool], gpu_type=node.gpu_type,
-                           gpu_count=node.gpu_count, host_dram_bytes=node.host_dram_bytes, state=node.state.value,
-                           group_id=node_group.get(node.node_id, ""), queue=rt.queues.get(node.node_id, []),
-                           connected=node.node_id in rt.connected)
         holder = rt.holder.get(node.node_id)
-        if holder is not None:
-            info.holder.CopyFrom(convert.lease_to_pb(rt.permits[holder], ttl_s))
-        resp.nodes.append(info)
-    for gid, g in rt.placement.groups.items():
-        resp.groups.append(pb.GroupInfo(group_id=gid, jobs=list(g.members), rollout_nodes=list(g.rollout),
-                                        train_nodes=list(g.train_nodes), usd_per_h=g.usd_per_h))
-    for name in sorted(rt.jobs, key=lambda n: rt.jobs[n].seq):
-        resp.jobs.append(job_status(rt, name, ttl_s))
-    return resp
+        nodes.append(NodeInfo(node_id=node.node_id, pool=node.pool, gpu_type=node.gpu_type, gpu_count=node.gpu_count,
+                              host_dram_bytes=node.host_dram_bytes, state=node.state.value,
+                              group_id=node_group.get(node.node_id, ""), queue=tuple(rt.queues.get(node.node_id, [])),
+                              holder=None if holder is None else rt.permits[holder].to_lease(ttl_s),
+                              connected=node.node_id in rt.connected))
+    groups = tuple(GroupInfo(group_id=gid, jobs=tuple(g.members), rollout_nodes=tuple(g.rollout),
+                             train_nodes=tuple(g.train_nodes), usd_per_h=g.usd_per_h)
+                   for gid, g in rt.placement.groups.items())
+    return ClusterInfo(ready=ready, leader_fence=fence, pending=tuple(rt.pending()), usd_per_h=rt.placement.usd_per_h,
+                       nodes=tuple(nodes), groups=groups,
+                       jobs=tuple(job_status(rt, name, ttl_s) for name in sorted(rt.jobs, key=lambda n: rt.jobs[n].seq)))
 
 
 __all__ = ["CoordinatorServicer", "NodeState", "cluster_state", "job_status"]

@@ -7,12 +7,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rollmux.model import Lease
 
 HELP = "Show the coordinator's groups, jobs, per-node queues and leases."
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from rollmux.coordinator.service import env
+    from rollmux.wire import env
 
     parser.add_argument("--coordinator", default=os.environ.get(env.COORDINATOR, "127.0.0.1:50051"),
                         help=f"HOST:PORT[,HOST:PORT] (${env.COORDINATOR})")
@@ -22,18 +26,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=5.0, help="give up after this many seconds")
 
 
-def _lease(msg) -> str:  # type: ignore[no-untyped-def]
-    from rollmux.proto import convert
-
-    return f"{msg.job} {convert.PHASE_FROM_PB[msg.phase].value}({msg.iteration}) e{msg.epoch}"
+def _lease(lease: Lease | None) -> str:
+    return "-" if lease is None else f"{lease.job} {lease.phase.value}({lease.iteration}) e{lease.epoch}"
 
 
 def run(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
-    from rollmux.coordinator.service.api import ServiceError
-    from rollmux.coordinator.service.client import CoordinatorClient
-    from rollmux.proto import convert
+    from rollmux.wire import convert
+    from rollmux.wire.client import CoordinatorClient
+    from rollmux.wire.errors import ServiceError
 
     try:
         root_certificates = Path(args.tls_ca).read_bytes() if args.tls_ca else None
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        print(json.dumps(MessageToDict(state, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(convert.cluster_info_to_dict(state), indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -69,15 +69,15 @@ def run(args: argparse.Namespace) -> int:
         jobs.add_column(col)
     for j in state.jobs:
         jobs.add_row(j.job, j.state, j.group_id or "-",
-                     f"{convert.PHASE_FROM_PB[j.next_phase].value}({j.next_iteration})", j.permit_state,
-                     _lease(j.lease) if j.HasField("lease") else "-", f"{j.observed_roll_s:.2f}",
+                     f"{j.next_phase.value}({j.next_iteration})", j.permit_state,
+                     _lease(j.lease), f"{j.observed_roll_s:.2f}",
                      f"{j.observed_train_s:.2f}")
     nodes = Table(title="nodes")
     for col in ("node", "pool", "state", "sidecar", "group", "holder (lease)", "queue (head first)"):
         nodes.add_column(col)
     for n in state.nodes:
-        nodes.add_row(n.node_id, convert.POOL_FROM_PB[n.pool].value, n.state, "up" if n.connected else "-",
-                      n.group_id or "-", _lease(n.holder) if n.HasField("holder") else "-", " ".join(n.queue) or "-")
+        nodes.add_row(n.node_id, n.pool.value, n.state, "up" if n.connected else "-",
+                      n.group_id or "-", _lease(n.holder), " ".join(n.queue) or "-")
     for table in (groups, jobs, nodes):
         console.print(table)
     return 0

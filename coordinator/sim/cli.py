@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollmux.coordinator.policy.api import PolicyConfig
+from rollmux.coordinator.policy_flags import add_mechanism_flags, mechanisms_on
 from rollmux.coordinator.sim.api import ProgressFn, SimError, TraceJob
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.report import print_summaries
@@ -70,28 +71,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """RollMux's policy mechanisms, each switched off by one flag (docs/policy.md has what each buys)."""
-    parser.add_argument("--no-modes", action="store_true",
-                        help="RollMux: every job a disaggregated group member (no co-location on training- or rollout-pool GPUs)")
-    parser.add_argument("--no-learning", action="store_true",
-                        help="RollMux: plan with worst-case phase times for the job's whole life (no learned times)")
-    parser.add_argument("--no-regroup", action="store_true",
-                        help="RollMux: never relocate a running job (no consolidation on departures or SLO risk)")
-    parser.add_argument("--no-pool-merge", action="store_true",
-                        help="RollMux: regrouping never pools two lone jobs' training nodes into one disaggregated group")
-    parser.add_argument("--no-work-aware", action="store_true",
-                        help="RollMux: the cheapest join in $/h always beats a new group, however much it stretches "
-                             "the group's period (no $-per-work check)")
-    parser.add_argument("--no-pool-return", action="store_true",
-                        help="RollMux: a pool merge's survivor gets no relocation beyond the per-job cap to leave "
-                             "the pooled training nodes")
-    parser.add_argument("--no-regroup-on-learn", action="store_true",
-                        help="RollMux: look for moves only after arrivals and departures, not when members' "
-                             "phase times become learned")
-    parser.add_argument("--no-pooled-joins", action="store_true",
-                        help="RollMux: a group whose training pool is larger than every member needs takes no newcomer")
-    parser.add_argument("--no-best-move", action="store_true",
-                        help="RollMux: regrouping takes the first of single move, pair merge, pool merge that pays "
-                             "(not the one saving the most)")
+    add_mechanism_flags(parser)
     parser.add_argument("--max-moves", type=int, default=PolicyConfig().max_moves_per_job, metavar="N",
                         help="RollMux: relocations one job may take over its life [default: %(default)s]")
     parser.add_argument("--learn-min-samples", type=int, default=PolicyConfig().learn_min_samples, metavar="N",
@@ -108,18 +88,13 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
 def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
     """The simulator's policy: every mechanism on unless switched off (`PolicyConfig()` keeps
     `work_aware` and `best_move` off for the live coordinator's fixed fleet and single moves)."""
-    return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5), modes=not args.no_modes,
-                        learn=not args.no_learning, regroup=not args.no_regroup,
-                        pool_merge=not getattr(args, "no_pool_merge", False),
+    on = {"work_aware": True, "best_move": True, **mechanisms_on(args)}
+    return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5),
                         coexec_margin=getattr(args, "coexec_margin", PolicyConfig().coexec_margin),
                         coexec_margin_big=getattr(args, "coexec_margin_big", PolicyConfig().coexec_margin_big),
-                        work_aware=not getattr(args, "no_work_aware", False),
-                        pool_return=not getattr(args, "no_pool_return", False),
-                        regroup_on_learn=not getattr(args, "no_regroup_on_learn", False),
-                        pooled_joins=not getattr(args, "no_pooled_joins", False),
-                        best_move=not getattr(args, "no_best_move", False),
                         max_moves_per_job=getattr(args, "max_moves", PolicyConfig().max_moves_per_job),
-                        learn_min_samples=getattr(args, "learn_min_samples", PolicyConfig().learn_min_samples))
+                        learn_min_samples=getattr(args, "learn_min_samples", PolicyConfig().learn_min_samples),
+                        **on)
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:

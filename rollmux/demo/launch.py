@@ -159,11 +159,11 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         from rollmux.coordinator.policy import RollMuxPolicy
         from rollmux.coordinator.service.api import ServiceConfig
-        from rollmux.coordinator.service.auth import operator_token
-        from rollmux.coordinator.service.client import CoordinatorClient
         from rollmux.coordinator.service.runtime.state import live_policy_config
         from rollmux.coordinator.service.server import ServerOptions, start_in_thread
         from rollmux.model import ClusterSpec
+        from rollmux.wire.auth import operator_token
+        from rollmux.wire.client import CoordinatorClient
 
         self.dir.mkdir(parents=True, exist_ok=True)
         auth_flags = self._write_secret()

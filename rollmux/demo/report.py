@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ORDER = {"rollout": 0, "train": 1, "sync": 2}
+from rollmux.model import phase_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +65,7 @@ def order_violations(all_spans: Sequence[Span]) -> list[str]:
         by_job[s.job].append(s)
     for job, js in by_job.items():
         js.sort(key=lambda s: s.start)
-        keys = [(s.iteration, ORDER[s.phase]) for s in js]
+        keys = [phase_key(s.phase, s.iteration) for s in js]
         if keys != sorted(keys) or len(set(keys)) != len(keys):
             problems.append(f"job {job}: phases out of on-policy order: {keys[:12]}")
         for a, b in zip(js, js[1:]):

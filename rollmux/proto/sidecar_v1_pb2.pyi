@@ -28,10 +28,10 @@ class RankEvent(_message.Message):
     RELOCATE_FIELD_NUMBER: _ClassVar[int]
     attached: Attached
     granted: Granted
-    revoked: Revoked
-    migrate: Migrate
+    revoked: _rollmux_v1_pb2.PermitRevoked
+    migrate: _rollmux_v1_pb2.MigrationDirective
     relocate: _rollmux_v1_pb2.RelocationDirective
-    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., migrate: _Optional[_Union[Migrate, _Mapping]] = ..., relocate: _Optional[_Union[_rollmux_v1_pb2.RelocationDirective, _Mapping]] = ...) -> None: ...
+    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ..., granted: _Optional[_Union[Granted, _Mapping]] = ..., revoked: _Optional[_Union[_rollmux_v1_pb2.PermitRevoked, _Mapping]] = ..., migrate: _Optional[_Union[_rollmux_v1_pb2.MigrationDirective, _Mapping]] = ..., relocate: _Optional[_Union[_rollmux_v1_pb2.RelocationDirective, _Mapping]] = ...) -> None: ...
 
 class Attached(_message.Message):
     __slots__ = ("rank_id", "node_id", "pool")
@@ -43,49 +43,11 @@ class Attached(_message.Message):
     pool: str
     def __init__(self, rank_id: _Optional[str] = ..., node_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
-class SidecarLease(_message.Message):
-    __slots__ = ("job", "phase", "iteration", "epoch", "nodes", "ttl_s")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    PHASE_FIELD_NUMBER: _ClassVar[int]
-    ITERATION_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    NODES_FIELD_NUMBER: _ClassVar[int]
-    TTL_S_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    phase: str
-    iteration: int
-    epoch: int
-    nodes: _containers.RepeatedScalarFieldContainer[str]
-    ttl_s: float
-    def __init__(self, job: _Optional[str] = ..., phase: _Optional[str] = ..., iteration: _Optional[int] = ..., epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
-
 class Granted(_message.Message):
     __slots__ = ("lease",)
     LEASE_FIELD_NUMBER: _ClassVar[int]
-    lease: SidecarLease
-    def __init__(self, lease: _Optional[_Union[SidecarLease, _Mapping]] = ...) -> None: ...
-
-class Revoked(_message.Message):
-    __slots__ = ("job", "epoch", "reason")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    REASON_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    epoch: int
-    reason: str
-    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
-
-class Migrate(_message.Message):
-    __slots__ = ("job", "epoch", "keep_nodes", "release_nodes")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    KEEP_NODES_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_NODES_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    epoch: int
-    keep_nodes: _containers.RepeatedScalarFieldContainer[str]
-    release_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., keep_nodes: _Optional[_Iterable[str]] = ..., release_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    lease: _rollmux_v1_pb2.Lease
+    def __init__(self, lease: _Optional[_Union[_rollmux_v1_pb2.Lease, _Mapping]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("rank_id", "phase", "iteration", "timeout_s")
@@ -94,18 +56,18 @@ class AcquireRequest(_message.Message):
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     rank_id: str
-    phase: str
+    phase: _rollmux_v1_pb2.Phase
     iteration: int
     timeout_s: float
-    def __init__(self, rank_id: _Optional[str] = ..., phase: _Optional[str] = ..., iteration: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, rank_id: _Optional[str] = ..., phase: _Optional[_Union[_rollmux_v1_pb2.Phase, str]] = ..., iteration: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("lease", "waited_s")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     WAITED_S_FIELD_NUMBER: _ClassVar[int]
-    lease: SidecarLease
+    lease: _rollmux_v1_pb2.Lease
     waited_s: float
-    def __init__(self, lease: _Optional[_Union[SidecarLease, _Mapping]] = ..., waited_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, lease: _Optional[_Union[_rollmux_v1_pb2.Lease, _Mapping]] = ..., waited_s: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("rank_id", "epoch", "duration_s", "state_host_bytes")
@@ -125,9 +87,9 @@ class ReleaseResponse(_message.Message):
     NEXT_PHASE_FIELD_NUMBER: _ClassVar[int]
     NEXT_ITERATION_FIELD_NUMBER: _ClassVar[int]
     node_released: bool
-    next_phase: str
+    next_phase: _rollmux_v1_pb2.Phase
     next_iteration: int
-    def __init__(self, node_released: _Optional[bool] = ..., next_phase: _Optional[str] = ..., next_iteration: _Optional[int] = ...) -> None: ...
+    def __init__(self, node_released: _Optional[bool] = ..., next_phase: _Optional[_Union[_rollmux_v1_pb2.Phase, str]] = ..., next_iteration: _Optional[int] = ...) -> None: ...
 
 class ProgressRequest(_message.Message):
     __slots__ = ("rank_id", "epoch", "finished", "total")
@@ -144,8 +106,8 @@ class ProgressRequest(_message.Message):
 class ProgressResponse(_message.Message):
     __slots__ = ("migrate",)
     MIGRATE_FIELD_NUMBER: _ClassVar[int]
-    migrate: Migrate
-    def __init__(self, migrate: _Optional[_Union[Migrate, _Mapping]] = ...) -> None: ...
+    migrate: _rollmux_v1_pb2.MigrationDirective
+    def __init__(self, migrate: _Optional[_Union[_rollmux_v1_pb2.MigrationDirective, _Mapping]] = ...) -> None: ...
 
 class RelocateRequest(_message.Message):
     __slots__ = ("rank_id", "epoch")

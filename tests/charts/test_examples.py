@@ -86,7 +86,7 @@ def test_the_status_command_in_the_notes_derives_the_operator_token(tmp_path: Pa
     import subprocess
     import sys
 
-    from rollmux.coordinator.service.auth import operator_token
+    from rollmux.wire.auth import operator_token
 
     text = notes()
     (code,) = re.findall(r'python -c \\\n\s+"([^"]+)"', text)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollmux.coordinator.service.auth import operator_token
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import JobSpec, Phase
+from rollmux.wire.auth import operator_token
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import CHART, ci_values, render
 from .local_pods import chart_coordinator, chart_sidecar, wait_until

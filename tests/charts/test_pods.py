@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.auth import operator_token
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.sidecar import env as sidecar_env
+from rollmux.wire.auth import operator_token
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import ROOT, ci_values, render
 from .local_pods import CLEAN_ENV, chart_coordinator, chart_sidecar

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.auth import operator_token
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
+from rollmux.wire.auth import operator_token
 
 from .conftest import ROOT, name, render
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from raynodes import RayNode, RayNodes
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess, SidecarProcess
 from rollmux.sidecar import env
+from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess, SidecarProcess
 
 SECRET = "multinode-bootstrap-secret"
 NODES = (("n0", "rollout", 0), ("n1", "train", 1), ("n2", "train", 1))

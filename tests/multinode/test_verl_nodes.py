@@ -120,8 +120,8 @@ def rss_bytes(marker: Path, driver: int) -> int:
 
 
 def _cluster_state(dep: Any) -> list[Any]:
-    from rollmux.coordinator.service.auth import operator_token
-    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.wire.auth import operator_token
+    from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
     try:

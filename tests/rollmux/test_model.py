@@ -4,7 +4,7 @@ import pytest
 
 from rollmux.errors import SpecError
 from rollmux.model import TB, ClusterSpec, GpuCatalog, JobSpec, Node, Pool
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 
 @pytest.mark.parametrize(

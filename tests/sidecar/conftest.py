@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Pool
 from rollmux.ports import free_port  # noqa: F401 - the tests here import it from here
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.gpu import GpuProvider, NoGpuProvider
 from rollmux.sidecar.server import serve
+from rollmux.wire.client import CoordinatorClient
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,13 @@ import time
 import grpc
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
-from rollmux.model import Pool
+from rollmux.model import Phase, Pool
+from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar import env
+from rollmux.wire import convert
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import REPO, register
 
@@ -32,9 +34,10 @@ class Rank:
         self.stream = self.stub.Attach(spb.AttachRequest(job=job, job_token=token, rank=rank, pid=os.getpid()))
         self.rank_id = next(self.stream).attached.rank_id
 
-    def acquire(self, phase: str, iteration: int) -> spb.SidecarLease:
-        return self.stub.Acquire(spb.AcquireRequest(rank_id=self.rank_id, phase=phase, iteration=iteration,
-                                                    timeout_s=WAIT_S), timeout=WAIT_S + 5).lease
+    def acquire(self, phase: str, iteration: int) -> pb.Lease:
+        req = spb.AcquireRequest(rank_id=self.rank_id, phase=convert.PHASE_TO_PB[Phase(phase)], iteration=iteration,
+                                 timeout_s=WAIT_S)
+        return self.stub.Acquire(req, timeout=WAIT_S + 5).lease
 
     def release(self, epoch: int) -> spb.ReleaseResponse:
         return self.stub.Release(spb.ReleaseRequest(rank_id=self.rank_id, epoch=epoch, duration_s=0.01),
@@ -44,7 +47,7 @@ class Rank:
 def holder(coordinator, node: str) -> str:  # type: ignore[no-untyped-def]
     for n in CoordinatorClient(coordinator.address).cluster_state().nodes:
         if n.node_id == node:
-            return n.holder.job if n.HasField("holder") else ""
+            return n.holder.job if n.holder is not None else ""
     raise AssertionError(f"node {node} not registered")
 
 
@@ -82,7 +85,7 @@ def test_permit_fans_out_to_both_local_ranks_and_node_is_released_after_both(coo
     ta.join(WAIT_S)
     assert done["a"].node_released != done["b"].node_released  # exactly one rank released the node
     assert holder(coordinator, "r0") == ""
-    assert {done["a"].next_phase, done["b"].next_phase} >= {"train"}
+    assert {done["a"].next_phase, done["b"].next_phase} >= {pb.PHASE_TRAIN}
 
 
 RANK_PROC = r"""

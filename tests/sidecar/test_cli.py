@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service import auth
-from rollmux.coordinator.service import env as coord_env
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
+from rollmux.wire import auth
+from rollmux.wire import env as coord_env
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import REPO, free_port
 

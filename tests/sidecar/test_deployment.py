@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import JobSpec, Pool
 from rollmux.sidecar import env
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import run_python
 

@@ -20,16 +20,18 @@ import grpc
 import pytest
 from hypothesis import strategies as st
 
-from rollmux.coordinator.service import auth
-from rollmux.coordinator.service.api import ServiceConfig, ServiceError
-from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
+from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Phase, Pool
+from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.gpu import NoGpuProvider
 from rollmux.sidecar.server import serve
+from rollmux.wire import auth
+from rollmux.wire.client import CoordinatorClient, NodeSession
+from rollmux.wire.errors import ServiceError
 from tests.proto_fuzz import FuzzTarget, fuzz_each_rpc, message
 
 from .test_agent import Rank
@@ -123,7 +125,8 @@ def env(sockdir: Path) -> Iterator[Env]:
 def requests(env: Env) -> dict[str, st.SearchStrategy[Any]]:
     rank_id = st.one_of(st.builds(lambda: env.rank.rank_id if env.rank else ""), st.just("fz1/0#1"))
     common = {"rank_id": rank_id, "job": st.builds(lambda: env.job), "job_token": st.builds(lambda: env.token),
-              "phase": st.sampled_from(["rollout", "train", "sync"]), "iteration": st.sampled_from([0, 1]),
+              "phase": st.sampled_from([pb.PHASE_ROLLOUT, pb.PHASE_TRAIN, pb.PHASE_SYNC]),
+              "iteration": st.sampled_from([0, 1]),
               "timeout_s": st.floats(0.01, 0.5), "epoch": st.builds(lambda: env.epoch),
               "duration_s": st.floats(0.0, 0.5), "state_host_bytes": st.sampled_from([0, 1 << 20]),
               "finished": st.just(3), "total": st.just(4), "rank": st.just(1), "pid": st.just(os.getpid())}

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Phase, Pool
 from rollmux.sidecar import env
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import REPO, register
 

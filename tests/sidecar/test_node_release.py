@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import JobSpec, Pool
+from rollmux.wire.client import CoordinatorClient
 
 from .test_agent import Rank, holder
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, Pool
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.api import ConnectionState
 from rollmux.sidecar.gpu import NoGpuProvider
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import free_port
 

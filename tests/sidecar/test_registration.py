@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service import auth
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Pool
 from rollmux.sidecar import env, registration, shim
@@ -19,6 +17,8 @@ from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.api import ShimConfigError, SidecarUnreachableError
 from rollmux.sidecar.gpu import NoGpuProvider
 from rollmux.sidecar.server import serve
+from rollmux.wire import auth
+from rollmux.wire.client import CoordinatorClient, NodeSession
 
 from .conftest import run_python
 

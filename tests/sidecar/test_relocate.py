@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import JobSpec, Pool, RelocationState
 from rollmux.sidecar import env
 from rollmux.sidecar.gpu import host_dram_bytes
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import run_python
 from .test_agent import Rank

@@ -12,25 +12,25 @@ import time
 import grpc
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Pool
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.peercred import PeerPolicy
 from rollmux.sidecar.server import serve
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import register, run_python
 from .test_agent import Rank
 
 ATTACKER = r"""
 import sys, grpc
-from rollmux.proto import sidecar_v1_pb2 as spb, sidecar_v1_pb2_grpc as spb_grpc
+from rollmux.proto import rollmux_v1_pb2 as pb, sidecar_v1_pb2 as spb, sidecar_v1_pb2_grpc as spb_grpc
 sock, rank_id = sys.argv[1], sys.argv[2]
 stub = spb_grpc.SidecarStub(grpc.insecure_channel("unix:" + sock))
 calls = [
     ("Detach", spb.DetachRequest(rank_id=rank_id, job_done=True)),
     ("Detach", spb.DetachRequest(rank_id="victim/0#1", job_done=True)),  # the old, guessable form
-    ("Acquire", spb.AcquireRequest(rank_id=rank_id, phase="rollout", iteration=0, timeout_s=1)),
+    ("Acquire", spb.AcquireRequest(rank_id=rank_id, phase=pb.PHASE_ROLLOUT, iteration=0, timeout_s=1)),
     ("Release", spb.ReleaseRequest(rank_id=rank_id, epoch=1, duration_s=0.1)),
     ("Progress", spb.ProgressRequest(rank_id=rank_id, epoch=1, finished=1, total=2)),
 ]

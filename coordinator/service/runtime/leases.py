@@ -26,16 +26,17 @@ from enum import Enum
 from rollmux.coordinator.service.api import (
     FailedPreconditionError,
     InvalidArgumentError,
+    OutOfOrderError,
     PermitState,
     StaleEpochError,
 )
-from rollmux.coordinator.service.records import JobRecord, PermitRecord, next_phase
+from rollmux.coordinator.service.records import JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.nodes import NodeLiveness
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
 from rollmux.coordinator.service.states import PERMIT_PARKED, PERMIT_TRANSITIONS, transition
-from rollmux.model import Phase
+from rollmux.model import Phase, next_phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,14 +84,14 @@ class Leases:
 
         Raises:
             NotFoundError: unknown job.
-            FailedPreconditionError: the phase is not the job's next one in on-policy order.
+            OutOfOrderError: the phase is not the job's next one in on-policy order.
         """
         state = self.state
         job = state.job(name)
         permit = state.permits.get(name)
         expected = (permit.phase, permit.iteration) if permit else (Phase.ROLLOUT, 0)
         if (phase, iteration) != expected:
-            raise FailedPreconditionError(
+            raise OutOfOrderError(
                 f"job {name!r} asked for {phase.value}({iteration}) out of order: its next phase is "
                 f"{expected[0].value}({expected[1]}) (Rollout(i) -> Train(i) -> Sync(i) -> Rollout(i+1))")
         if permit is None:

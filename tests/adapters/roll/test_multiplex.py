@@ -72,12 +72,12 @@ class Kill:
 
 
 def _holders(client: Any) -> dict[str, Any]:
-    return {n.node_id: n.holder for n in client.cluster_state().nodes if n.HasField("holder")}
+    return {n.node_id: n.holder for n in client.cluster_state().nodes if n.holder is not None}
 
 
 def _killer(pools: Pools, job: Job, kill: Kill, stop: threading.Event) -> None:
     """SIGKILL `job` 0.3 s into the first permit it holds; then time until no node holds it."""
-    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(pools.coordinator.address, retry_s=2.0)
     try:
@@ -98,7 +98,7 @@ def _killer(pools: Pools, job: Job, kill: Kill, stop: threading.Event) -> None:
 
 def _admission(pools: Pools) -> dict[str, str]:
     """Each registered job's admission as the coordinator reports it: its group, or why it waits."""
-    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(pools.coordinator.address, retry_s=2.0)
     try:
@@ -113,7 +113,7 @@ def _start_after_first_permit(pools: Pools, first: Job, go_first: Any, go_rest: 
     """Let `first` run, then the rest once it holds a node (or exited, or `timeout_s` passed).
 
     Returns the seconds until `first` held a node; None if it never did (the interleave check then fails)."""
-    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(pools.coordinator.address, retry_s=2.0)
     t0 = time.monotonic()

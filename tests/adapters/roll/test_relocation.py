@@ -30,8 +30,7 @@ import pytest
 
 from rollmux.adapters.common.relocation import EXIT_RELOCATED, MARKER, read_marker
 from rollmux.coordinator.service.redis_store import RedisStore
-from rollmux.model import Deployment, JobSpec, Pool
-from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.model import Deployment, JobSpec, Phase, Pool
 from rollmux.sidecar import env
 from rollmux.sidecar.gpu import host_dram_bytes
 
@@ -90,7 +89,7 @@ class Moved:
 def relocate(tmp_path: Path, kind: str) -> Moved:
     """Run the scenario of this module's docstring with C a ROLL `kind` ("rlvr" or "agentic") job, checking the
     move itself on the way (exit 75, the marker, the freed nodes, the re-attachment, C's deregistration)."""
-    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.wire.client import CoordinatorClient
 
     build_assets(tmp_path)
     pools = Pools(tmp_path).start()
@@ -119,9 +118,9 @@ def relocate(tmp_path: Path, kind: str) -> Moved:
         state = client.cluster_state()
         assert {g.group_id: list(g.jobs) for g in state.groups} == {"g1": ["B", "C"]}  # one group fewer
         freed = {n.node_id: n for n in state.nodes if n.node_id in ("r0", "t0")}
-        assert all(n.group_id == "" and not n.HasField("holder") for n in freed.values()), freed
+        assert all(n.group_id == "" and n.holder is None for n in freed.values()), freed
         info = next(j for j in state.jobs if j.job == "C")
-        assert (info.next_phase, info.next_iteration, info.relayed_by) == (pb.PHASE_ROLLOUT, 2, "t0")
+        assert (info.next_phase, info.next_iteration, info.relayed_by) == (Phase.ROLLOUT, 2, "t0")
         assert stored_relocation(pools.redis_url, "C")["reattached_by"] == ""
 
         first_log = tmp_path / "C-1.log"

@@ -90,10 +90,10 @@ class Pools:
 
     def add_node(self, node: str, pool: Any) -> str:
         """Start one more sidecar (`node` of `pool`, a ``rollmux.model.Pool``, one GPU); its socket path."""
-        from rollmux.coordinator.service.client import CoordinatorClient
         from rollmux.sidecar.agent import AgentConfig, NodeAgent
         from rollmux.sidecar.gpu import NoGpuProvider
         from rollmux.sidecar.server import serve
+        from rollmux.wire.client import CoordinatorClient
 
         gpu = "H20" if pool.value == "rollout" else "H800"
         agent = NodeAgent(AgentConfig(node_id=node, pool=pool, heartbeat_s=0.2,

@@ -62,7 +62,7 @@ class Watch:
             else:
                 self.waited[j.job] = f"{j.state} (position {j.pending_position})"
         self.together = max([self.together, *groups.values()], key=len)
-        holders = {n.holder.job for n in state.nodes if n.HasField("holder")}
+        holders = {n.holder.job for n in state.nodes if n.holder is not None}
         if self.killed_at is None and VICTIM in holders and VICTIM in running:
             self.alive_at_kill = set(running) - {VICTIM}
             scenario.kill(self.victim, running[VICTIM])

@@ -23,8 +23,7 @@ import scenario  # noqa: E402
 from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
 
 from rollmux.adapters.verl.relocation import EXIT_RELOCATED, MARKER, read_marker  # noqa: E402
-from rollmux.model import Deployment, JobSpec  # noqa: E402
-from rollmux.proto import rollmux_v1_pb2 as pb  # noqa: E402
+from rollmux.model import Deployment, JobSpec, Phase  # noqa: E402
 from rollmux.sidecar import env  # noqa: E402
 from rollmux.sidecar.gpu import host_dram_bytes  # noqa: E402
 
@@ -65,9 +64,9 @@ def test_a_verl_job_relocated_by_the_service_resumes_on_its_new_node_in_order(ve
         state = client.cluster_state()
         assert {g.group_id: list(g.jobs) for g in state.groups} == {"g1": ["B", "C"]}  # one group fewer
         freed = {n.node_id: n for n in state.nodes if n.node_id in ("rollout-0", "train-0")}
-        assert all(n.group_id == "" and not n.HasField("holder") for n in freed.values()), freed
+        assert all(n.group_id == "" and n.holder is None for n in freed.values()), freed
         info = next(j for j in state.jobs if j.job == "C")
-        assert (info.next_phase, info.next_iteration, info.relayed_by) == (pb.PHASE_ROLLOUT, moved_at, "train-0")
+        assert (info.next_phase, info.next_iteration, info.relayed_by) == (Phase.ROLLOUT, moved_at, "train-0")
 
         def relayed_by(running: dict) -> None:  # C re-attached: relayed by its new node's sidecar
             seen.update({j.job: j.relayed_by for j in client.cluster_state().jobs if j.job == "C"})

@@ -16,7 +16,7 @@ from rollmux.coordinator.policy.modes import colocated_solo_s
 from rollmux.coordinator.policy.placement import new_group_options
 from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_moves, relocation_s, work_rate
 from rollmux.model import ClusterSpec, Deployment, JobSpec, Phase, Pool
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 from .test_intra_group import groups
 

@@ -6,7 +6,7 @@ import pytest
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.regroup import plan_moves
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 REMAINING_S = 1e7
 

@@ -8,7 +8,7 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import RejectReason
 from rollmux.coordinator.policy.regroup import place_batch
 from rollmux.model import Deployment
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 NODE_T = 8 * 5.28
 

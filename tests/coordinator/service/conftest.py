@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import RedisProcess  # noqa: F401 - the tests here import it from here
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient, NodeSession
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import JobSpec, Pool
 from rollmux.ports import free_port  # noqa: F401 - likewise
+from rollmux.testing.chaos.procs import RedisProcess  # noqa: F401 - the tests here import it from here
+from rollmux.wire.client import CoordinatorClient, NodeSession
 
 FAST = ServiceConfig(lease_ttl_s=2.0, reap_interval_s=0.02, heartbeat_interval_s=0.2)
 

@@ -12,10 +12,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer, start_in_thread
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+from rollmux.wire.client import CoordinatorClient
 
 BURST = 3000  # above gRPC's default pending-call limit (1,000) and its hard limit (3,000)
 

@@ -1,4 +1,4 @@
-"""Chaos, short form of benchmarks/chaos.py (same scenario, rollmux.chaos): a real redis-server, a leader
+"""Chaos, short form of benchmarks/chaos.py (same scenario, rollmux.testing.chaos): a real redis-server, a leader
 and a standby coordinator, a real ``rollmux sidecar`` per node, shim-rank and direct jobs; one fault of
 every kind (leader SIGKILL + restart, failover to the standby, sidecar SIGKILL + restart, a job process
 SIGKILLed mid-phase, Redis restart); then the event log is judged: no two runs on one node at once, no
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.faults import FaultKind
-from rollmux.chaos.ledger import table
-from rollmux.chaos.procs import REDIS_BIN
-from rollmux.chaos.scenario import ChaosConfig, run_chaos
+from rollmux.testing.chaos.faults import FaultKind
+from rollmux.testing.chaos.ledger import table
+from rollmux.testing.chaos.procs import REDIS_BIN
+from rollmux.testing.chaos.scenario import ChaosConfig, run_chaos
 
 
 @pytest.mark.slow

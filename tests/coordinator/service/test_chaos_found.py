@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase
+from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import add_nodes, close_node_streams, job_spec
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.event_loop import EventLoop, EventLoopUnavailable, resolve, uvloop_installed
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
+from rollmux.wire.client import CoordinatorClient
 
 from .conftest import FAST
 

@@ -16,13 +16,14 @@ import grpc
 import pytest
 from hypothesis import strategies as st
 
-from rollmux.coordinator.service import auth
-from rollmux.coordinator.service.api import ServiceConfig, ServiceError
-from rollmux.coordinator.service.client import CoordinatorClient
+from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+from rollmux.wire import auth
+from rollmux.wire.client import CoordinatorClient
+from rollmux.wire.errors import ServiceError
 from tests.proto_fuzz import FuzzTarget, fuzz_each_rpc, message
 
 from .conftest import add_node, job_spec

@@ -13,9 +13,9 @@ import pytest
 
 from rollmux.coordinator.profiler import resolve
 from rollmux.coordinator.service.api import PermitState, ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.model import ClusterSpec, JobSpec, Pool, RelocationState
+from rollmux.wire.client import CoordinatorClient
 
 from .builders import TB, FakeClock
 from .conftest import add_node

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 
 from rollmux.coordinator.service.api import ServiceConfig
-from rollmux.coordinator.service.client import CoordinatorClient, JobClient, JobInfo
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.model import ClusterSpec, JobSpec, Phase, Relocation, RelocationState
+from rollmux.wire.client import CoordinatorClient, JobClient, JobInfo
 
 from .builders import FakeClock
 from .conftest import add_nodes as add_node_streams
@@ -239,7 +239,7 @@ def check_merge(client: CoordinatorClient, runs: dict[str, JobRun], before: dict
     kept = {*a.rollout_nodes, *a.train_nodes}
     assert {n for n, v in nodes.items() if v.group_id == merged} == kept
     for n in nodes.keys() - kept:
-        assert nodes[n].group_id == "" and not nodes[n].HasField("holder"), n
+        assert nodes[n].group_id == "" and nodes[n].holder is None, n
 
     assert_no_node_shared(runs)
     return switched

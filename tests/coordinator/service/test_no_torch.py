@@ -13,7 +13,7 @@ class Block:
             raise ImportError("torch is blocked in this test")
 sys.meta_path.insert(0, Block())
 import rollmux.coordinator
-import rollmux.coordinator.service.server, rollmux.coordinator.service.client
+import rollmux.coordinator.service.server, rollmux.wire.client
 import rollmux.coordinator.service.cli, rollmux.coordinator.service.status_cli
 assert "torch" not in sys.modules
 print("ok")

@@ -9,9 +9,9 @@ import random
 import pytest
 
 from rollmux.coordinator.service.api import InvalidArgumentError, PermitState
-from rollmux.coordinator.service.records import PermitRecord, next_phase
+from rollmux.coordinator.service.records import PermitRecord
 from rollmux.coordinator.service.runtime import Runtime
-from rollmux.model import Phase
+from rollmux.model import Phase, next_phase
 
 from .builders import grant, make_runtime, register
 

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
-from rollmux.coordinator.service.api import InvalidArgumentError
-from rollmux.coordinator.service.client import CoordinatorClient, JobClient, NodeSession, PermitTimeoutError
 from rollmux.model import Phase, Pool
+from rollmux.wire.client import CoordinatorClient, JobClient, NodeSession, PermitTimeoutError
+from rollmux.wire.errors import InvalidArgumentError
 
 from .conftest import add_node, add_nodes, job_spec, node_state
 

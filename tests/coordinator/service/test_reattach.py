@@ -13,12 +13,12 @@ import json
 
 import pytest
 
-from rollmux.chaos.procs import RedisProcess
-from rollmux.coordinator.service.api import AlreadyExistsError, FailedPreconditionError, PermissionDeniedError
-from rollmux.coordinator.service.auth import sha256_hex
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.redis_store import RedisStore
 from rollmux.model import Phase, RelocationState
+from rollmux.testing.chaos.procs import RedisProcess
+from rollmux.wire.auth import sha256_hex
+from rollmux.wire.client import CoordinatorClient
+from rollmux.wire.errors import AlreadyExistsError, FailedPreconditionError, PermissionDeniedError
 
 from .test_relocation_live import TB, four_nodes, run_phase, spec, wait_for
 

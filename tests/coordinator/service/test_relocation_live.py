@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
-from rollmux.coordinator.service.client import CoordinatorClient, JobClient
 from rollmux.model import JobSpec, Phase, Pool, RelocationState
 from rollmux.ports import free_port
+from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
+from rollmux.wire.client import CoordinatorClient, JobClient
 
 from .conftest import add_node, close_node_streams
 
@@ -258,7 +258,7 @@ def test_a_job_relocated_by_the_live_service_keeps_its_iterations_and_order_and_
                             and r.state is RelocationState.SWITCHED and r, timeout_s=180)
         assert switched.to_group == "g1" and groups(client) == {"g1": ["B", "C"]}  # one group fewer
         nodes = {n.node_id: n for n in client.cluster_state().nodes}
-        assert nodes["r0"].group_id == nodes["t0"].group_id == "" and not nodes["r0"].HasField("holder")
+        assert nodes["r0"].group_id == nodes["t0"].group_id == "" and nodes["r0"].holder is None
         for p in ranks:
             assert p.wait(180) == 0, (tmp_path / "C-r0.log").read_text()[-2000:]
     finally:

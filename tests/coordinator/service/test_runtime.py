@@ -7,18 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from rollmux.coordinator.service.api import (
-    FailedPreconditionError,
-    InvalidArgumentError,
-    JobState,
-    NodeState,
-    NotFoundError,
-    PermitState,
-    StaleEpochError,
-)
+from rollmux.coordinator.service.api import JobState, NodeState, PermitState
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.state import NoticeKind
 from rollmux.model import Phase
+from rollmux.wire.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, StaleEpochError
 
 from .builders import make_runtime, register, spec
 

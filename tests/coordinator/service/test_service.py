@@ -10,7 +10,12 @@ import urllib.request
 import grpc
 import pytest
 
-from rollmux.coordinator.service.api import (
+from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
+from rollmux.model import Lease, NodeEvent, Phase, Pool
+from rollmux.proto import rollmux_v1_pb2 as pb
+from rollmux.wire.auth import node_token, operator_token
+from rollmux.wire.client import CoordinatorClient, NodeSession, PermitTimeoutError
+from rollmux.wire.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -19,11 +24,6 @@ from rollmux.coordinator.service.api import (
     StaleEpochError,
     UnauthenticatedError,
 )
-from rollmux.coordinator.service.auth import node_token, operator_token
-from rollmux.coordinator.service.client import CoordinatorClient, NodeSession, PermitTimeoutError
-from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import Phase, Pool
-from rollmux.proto import rollmux_v1_pb2 as pb
 
 from .conftest import FAST, add_node, add_nodes, close_node_streams, job_spec
 
@@ -122,7 +122,7 @@ def test_waiting_acquire_is_granted_as_soon_as_the_node_is_released(client, coor
 
 def test_node_stream_receives_grants_and_a_snapshot_on_reconnect(client, coordinator) -> None:
     add_nodes(client, 1, 1)
-    msgs: list[pb.NodeDown] = []
+    msgs: list[NodeEvent] = []
     session = NodeSession(client, "r0", Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12,
                           on_message=msgs.append, heartbeat_s=0.1).start()
     try:
@@ -130,9 +130,9 @@ def test_node_stream_receives_grants_and_a_snapshot_on_reconnect(client, coordin
         job = client.register_job(job_spec("a"))
         p = job.acquire(Phase.ROLLOUT, 0, timeout_s=5)
         deadline = time.monotonic() + 5
-        while not any(m.HasField("granted") for m in msgs) and time.monotonic() < deadline:
+        while not any(isinstance(m, Lease) for m in msgs) and time.monotonic() < deadline:
             time.sleep(0.02)
-        granted = [m.granted.lease for m in msgs if m.HasField("granted")]
+        granted = [m for m in msgs if isinstance(m, Lease)]
         assert granted and granted[0].epoch == p.epoch and granted[0].job == "a"
         state = client.cluster_state()
         assert [n.connected for n in state.nodes if n.node_id == "r0"] == [True]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.chaos.procs import CoordinatorProcess, RedisProcess
-from rollmux.coordinator.service.api import NotReadyError
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.model import Phase
+from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
+from rollmux.wire.client import CoordinatorClient
+from rollmux.wire.errors import NotReadyError
 
 from .conftest import add_nodes, close_node_streams, job_spec
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.api import NotReadyError
-from rollmux.coordinator.service.client import CoordinatorClient
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase
+from rollmux.wire.client import CoordinatorClient
+from rollmux.wire.errors import NotReadyError
 
 from .conftest import FAST, add_nodes, close_node_streams, job_spec
 

@@ -5,7 +5,7 @@ import pytest
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.experiments import static_instance
 from rollmux.model import ClusterSpec
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 
 def test_a_lone_job_gets_solo_throughput_and_work_cost_equals_its_price() -> None:

@@ -108,7 +108,9 @@ def ray_pids(job: VerlJob) -> list[int]:
 def rollmux_setup(workdir: Path, *, lease_ttl_s: float = 10.0) -> Iterator[LocalCluster]:
     """redis-server + Redis-backed coordinator with a bootstrap secret + a rollout-pool and a train-pool
     sidecar started with ``--secret-file`` (as the Helm chart runs them)."""
-    from rollmux.chaos.procs import RedisProcess  # one redis-server helper for harnesses, chaos and tests
+    from rollmux.testing.chaos.procs import (
+        RedisProcess,  # one redis-server helper for harnesses, chaos and tests
+    )
 
     workdir.mkdir(parents=True, exist_ok=True)
     redis = RedisProcess(workdir)

@@ -18,7 +18,7 @@ from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.policy.state import ClusterState
 from rollmux.model import ClusterSpec, Pool
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 
 def place_all(policy, jobs, state=None):  # noqa: ANN001, ANN201

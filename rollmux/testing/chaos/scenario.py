@@ -1,5 +1,5 @@
 """One chaos run: start the deployment, keep the job slots running, inject seeded faults for a
-window, let the last runs finish, then judge the event log (:func:`rollmux.chaos.ledger.judge`)."""
+window, let the last runs finish, then judge the event log (:func:`rollmux.testing.chaos.ledger.judge`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmux.chaos import ledger
-from rollmux.chaos.deployment import Deployment, Topology
-from rollmux.chaos.faults import FaultKind, Injector
-from rollmux.chaos.jobs import EventTail, Jobs
+from rollmux.testing.chaos import ledger
+from rollmux.testing.chaos.deployment import Deployment, Topology
+from rollmux.testing.chaos.faults import FaultKind, Injector
+from rollmux.testing.chaos.jobs import EventTail, Jobs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -164,8 +164,8 @@ class CoordinatorProcess(_Child):
 
     def leading(self, token: str | None = None) -> bool:
         """True when it answers and reports itself ready (it holds the leadership and its state)."""
-        from rollmux.coordinator.service.api import ServiceError
-        from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.wire.client import CoordinatorClient
+        from rollmux.wire.errors import ServiceError
 
         if not self.alive():
             return False

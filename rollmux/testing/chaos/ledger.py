@@ -1,6 +1,6 @@
 """Pure checks over a chaos run's event log (no I/O): what the jobs saw, against what must hold.
 
-Events are the JSON lines of :mod:`rollmux.chaos.rank` (``start``, ``end``, ``lost``,
+Events are the JSON lines of :mod:`rollmux.testing.chaos.rank` (``start``, ``end``, ``lost``,
 ``released``, ``done``) plus the harness's own: ``killed`` (it SIGKILLed process ``pid`` of
 ``run``: an open phase of that process ends there) and ``fault`` (``kind``, ``t``, ``ready_t``:
 when the faulty part served again, ``nodes``: the nodes it took away, if any).
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASE_ORDER = ("rollout", "train", "sync")
+from rollmux.model import PHASE_ORDER
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,7 +126,7 @@ def check_run(run: str, released: Sequence[tuple[int, str, int]], *, iterations:
               unconfirmed: frozenset[tuple[str, int]] = frozenset()) -> RunCheck:
     """`released`: (epoch, phase, iteration) of each acknowledged release of the run; `unconfirmed`:
     phases whose process was killed while releasing (the release may have landed unrecorded)."""
-    expected = [(ph, i) for i in range(iterations) for ph in PHASE_ORDER]
+    expected = [(ph.value, i) for i in range(iterations) for ph in PHASE_ORDER]
     by_epoch = [(ph, it) for _, ph, it in sorted(released)]
     counts = Counter(by_epoch)
     repeated = tuple(sorted((k for k, c in counts.items() if c > 1), key=expected.index))

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollmux.chaos.procs import CoordinatorProcess, ProcessStartError, RedisProcess, SidecarProcess
+from rollmux.testing.chaos.procs import CoordinatorProcess, ProcessStartError, RedisProcess, SidecarProcess
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +59,7 @@ class Deployment:
 
     @property
     def operator_token(self) -> str:
-        from rollmux.coordinator.service import auth
+        from rollmux.wire import auth
 
         return auth.operator_token(self.secret)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollmux.chaos.ledger import judge
+from rollmux.testing.chaos.ledger import judge
 
 ROLLOUT, TRAIN = ["r0"], ["t0"]
 

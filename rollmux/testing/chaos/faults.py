@@ -13,8 +13,8 @@ import time
 from enum import Enum
 from typing import Any
 
-from rollmux.chaos.deployment import Deployment
-from rollmux.chaos.jobs import EventTail, Jobs, append_event
+from rollmux.testing.chaos.deployment import Deployment
+from rollmux.testing.chaos.jobs import EventTail, Jobs, append_event
 
 
 class FaultKind(str, Enum):
@@ -106,8 +106,8 @@ class Injector:
 
     def _hosts_jobs(self, node: str) -> bool:
         """Whether any registered job is placed on `node` (a fault on an idle node has nothing to recover)."""
-        from rollmux.coordinator.service.api import ServiceError
-        from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.wire.client import CoordinatorClient
+        from rollmux.wire.errors import ServiceError
 
         leader = self.deploy.wait_leader(5.0)  # a standby answers with an empty state
         if leader is None:

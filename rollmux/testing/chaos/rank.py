@@ -1,7 +1,7 @@
 """A chaos job process; its phases sleep. Two kinds:
 
-    python -m rollmux.chaos.rank shim --role rollout|train --iterations N --log PATH [--phase-s S]
-    python -m rollmux.chaos.rank direct --coordinator ADDRS --job NAME --iterations N --log PATH [--phase-s S]
+    python -m rollmux.testing.chaos.rank shim --role rollout|train --iterations N --log PATH [--phase-s S]
+    python -m rollmux.testing.chaos.rank direct --coordinator ADDRS --job NAME --iterations N --log PATH [--phase-s S]
 
 ``shim`` is one rank of a job gated through its node's sidecar with ``rollmux.phase`` (socket, job
 and token come from the ``ROLLMUX_*`` variables, as in a real trainer): the rollout rank runs
@@ -70,8 +70,8 @@ def run_shim(args: argparse.Namespace) -> int:
 
 
 def run_direct(args: argparse.Namespace) -> int:
-    from rollmux.coordinator.service.client import CoordinatorClient
     from rollmux.sidecar import env
+    from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(args.coordinator.split(","), retry_s=60.0)
     job = client.job(args.job, os.environ[env.JOB_TOKEN])
@@ -97,7 +97,7 @@ def run_direct(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollmux.chaos.rank", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m rollmux.testing.chaos.rank", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="kind", required=True)
     shim = sub.add_parser("shim", help="one rank gated through its node's sidecar")

@@ -1,6 +1,6 @@
 """A small synchronous client of the coordinator, for the sidecar, the shim and operators.
 
-    from rollmux.coordinator.service.client import CoordinatorClient
+    from rollmux.wire.client import CoordinatorClient
     client = CoordinatorClient("coord:50051")                     # or a list of addresses (standby)
     job = client.register_job(JobSpec(name="a", n_rollout_gpus=8, n_train_gpus=8))
     with job.hold(Phase.ROLLOUT, 0, timeout_s=600) as permit:    # blocks until granted; renews
@@ -12,7 +12,9 @@ Every call retries UNAVAILABLE (coordinator restarting, Redis recovering, standb
 DEADLINE_EXCEEDED and CANCELLED (which a blocking call only gets from the server side: gRPC's
 server sheds calls beyond its pending-call limit as CANCELLED before any handler runs) with
 exponential backoff for up to `retry_s`, rotating through the given addresses. Refusals raise the
-same `ServiceError` subclasses the server uses (`StaleEpochError`, `PermissionDeniedError`, ...).
+same `ServiceError` subclasses the server raised (`StaleEpochError`, `PermissionDeniedError`, ...),
+chosen by the error code the call carried back (`rollmux.wire.errors`). Every argument and answer is
+a `rollmux.model` type; `rollmux.wire.convert` turns them into messages and back.
 """
 
 from __future__ import annotations
@@ -29,93 +31,25 @@ from typing import Any
 
 import grpc
 
-from rollmux.coordinator.service.api import (
-    AlreadyExistsError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    NotReadyError,
-    PermissionDeniedError,
-    ServiceError,
-    StaleEpochError,
-    UnauthenticatedError,
-)
-from rollmux.errors import RollMuxError
-from rollmux.model import JobSpec, Lease, Migration, Phase, Pool, Relocation
-from rollmux.proto import convert
+from rollmux.model import ClusterInfo, JobInfo, JobSpec, Lease, Migration, NodeEvent, Phase, Pool, Relocation
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
+from rollmux.wire import convert
+from rollmux.wire.auth import bearer_metadata
+from rollmux.wire.errors import (
+    JobRemovedError,
+    PermitTimeoutError,
+    ServiceError,
+    StaleEpochError,
+    error_from_rpc,
+)
 
 NODE_METADATA_KEY = "x-rollmux-node"
-
-
-class PermitTimeoutError(RollMuxError, TimeoutError):
-    """A permit wait reached its deadline; the message says what the permit was waiting for."""
-
-
-class JobRemovedError(RollMuxError):
-    """The job was removed (by an operator) while it waited for a permit."""
-
-
-_CODE_TO_ERROR: dict[grpc.StatusCode, type[ServiceError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
-    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
-    grpc.StatusCode.UNAVAILABLE: NotReadyError,
-}
-
+"""gRPC metadata naming the node of a NodeStream."""
 
 _RETRIABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 """Codes a blocking call retries. This client never cancels a call it waits on, so CANCELLED comes
 from the server: shed under a burst (see `server.MAX_PENDING_CALLS`) or cut by its shutdown."""
-
-
-def _error(exc: grpc.RpcError) -> ServiceError:
-    code, details = exc.code(), exc.details() or ""
-    cls = _CODE_TO_ERROR.get(code, ServiceError)
-    if cls is FailedPreconditionError and "stale" in details:
-        cls = StaleEpochError
-    err = cls(f"{code.name}: {details}")
-    return err
-
-
-Permit = Lease
-"""A granted run permit (the one permit type, `rollmux.model.Lease`)."""
-
-MigrationDirective = Migration
-"""A long-tail migration directive (the one migration type, `rollmux.model.Migration`)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobInfo:
-    job: str
-    state: str  # pending | admitted
-    group_id: str
-    rollout_nodes: tuple[str, ...]
-    train_nodes: tuple[str, ...]
-    next_phase: Phase  # the phase to run next (or running)
-    next_iteration: int
-    permit_state: str
-    pending_position: int  # 1-based place in the admission queue, 0 when admitted
-    relocation: Relocation | None = None  # the job's latest relocation directive
-    learned: tuple[float, float, float] = (0.0, 0.0, 0.0)  # learned solo (roll, train, iteration) s; 0 = none
-
-
-def _permit(lease: pb.Lease) -> Permit:
-    return Permit(job=lease.job, phase=convert.PHASE_FROM_PB[lease.phase], iteration=lease.iteration,
-                  epoch=lease.epoch, nodes=tuple(lease.nodes), ttl_s=lease.ttl_s)
-
-
-def _info(msg: pb.JobStatus) -> JobInfo:
-    return JobInfo(job=msg.job, state=msg.state, group_id=msg.group_id, rollout_nodes=tuple(msg.rollout_nodes),
-                   train_nodes=tuple(msg.train_nodes), next_phase=convert.PHASE_FROM_PB[msg.next_phase],
-                   next_iteration=msg.next_iteration, permit_state=msg.permit_state,
-                   pending_position=msg.pending_position,
-                   relocation=convert.relocation_from_pb(msg.relocation) if msg.HasField("relocation") else None,
-                   learned=(msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s))
 
 
 class CoordinatorClient:
@@ -167,7 +101,7 @@ class CoordinatorClient:
         md = list(metadata)
         tok = token if token is not None else self.token
         if tok:
-            md.append(("authorization", f"Bearer {tok}"))
+            md.append(bearer_metadata(tok))
         window = self.retry_s if retry_s is None else retry_s
         deadline = 0.0  # set at the first failure: a long server-side wait does not use up the retry window
         delay = 0.02
@@ -181,7 +115,7 @@ class CoordinatorClient:
                 retriable = exc.code() in _RETRIABLE
                 deadline = deadline or time.monotonic() + window
                 if not retriable or time.monotonic() + delay > deadline:
-                    raise _error(exc) from None
+                    raise error_from_rpc(exc) from None
                 index += 1
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -192,21 +126,20 @@ class CoordinatorClient:
         self._channels.clear()
 
     # ---- job side --------------------------------------------------------------------------
-    def register_job(self, spec: JobSpec | pb.JobSpec, *, nonce: str | None = None, relay_node: str = "",
+    def register_job(self, spec: JobSpec, *, nonce: str | None = None, relay_node: str = "",
                      token: str | None = None) -> JobClient:
         """Register a job; returns its handle (keep `handle.token` to reconnect after a crash).
 
         Args:
-            spec: the job (a `JobSpec`, or its message as a sidecar relays it unchanged).
+            spec: the job.
             nonce: secret making a retry idempotent (default: a fresh random one).
             relay_node: set by a sidecar relaying a local job's registration; `token` is then its node token.
             token: overrides the client's operator token for this call.
         """
         nonce = nonce or secrets.token_urlsafe(24)
-        msg = spec if isinstance(spec, pb.JobSpec) else convert.spec_to_pb(spec)
-        resp = self.call("RegisterJob", pb.RegisterJobRequest(spec=msg, nonce=nonce, relay_node=relay_node),
-                         token=token)
-        job = JobClient(self, msg.name, resp.job_token, _info(resp.status))
+        req = pb.RegisterJobRequest(spec=convert.spec_to_pb(spec), nonce=nonce, relay_node=relay_node)
+        resp = self.call("RegisterJob", req, token=token)
+        job = JobClient(self, spec.name, resp.job_token, convert.job_info_from_pb(resp.status))
         job.deployment = resp.deployment or None
         return job
 
@@ -217,12 +150,14 @@ class CoordinatorClient:
     # ---- node side -------------------------------------------------------------------------
     def register_node(self, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int, host_dram_bytes: int,
                       nvml: dict[str, str] | None = None, token: str | None = None,
-                      retry_s: float | None = None, target: int | None = None) -> pb.RegisterNodeResponse:
+                      retry_s: float | None = None, target: int | None = None) -> str:
+        """Register (or re-register) a node; returns its state at the coordinator (a NodeState value)."""
         req = pb.RegisterNodeRequest(node_id=node_id, pool=convert.POOL_TO_PB[pool], gpu_type=gpu_type,
                                      gpu_count=gpu_count, host_dram_bytes=host_dram_bytes, nvml=nvml or {})
-        return self.call("RegisterNode", req, token=token, retry_s=retry_s, target=target)
+        return self.call("RegisterNode", req, token=token, retry_s=retry_s, target=target).state
 
-    def report_attach(self, node_id: str, job: str, *, token: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def report_attach(self, node_id: str, job: str, *,
+                      token: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """A node's sidecar attached the first local rank of `job` (I4); `token` is its node token.
         Returns (the job's placed nodes, empty while pending; the nodes its ranks attached on).
 
@@ -233,8 +168,8 @@ class CoordinatorClient:
         return tuple(resp.placement_nodes), tuple(resp.attach_nodes)
 
     # ---- operator side ---------------------------------------------------------------------
-    def cluster_state(self) -> pb.ClusterStateResponse:
-        return self.call("GetClusterState", pb.ClusterStateRequest())
+    def cluster_state(self) -> ClusterInfo:
+        return convert.cluster_info_from_pb(self.call("GetClusterState", pb.ClusterStateRequest()))
 
     def drain_node(self, node_id: str) -> str:
         return self.call("DrainNode", pb.DrainNodeRequest(node_id=node_id)).state
@@ -258,9 +193,9 @@ class JobClient:
         return self.client.call(method, request, token=self.token, timeout_s=timeout_s)
 
     def status(self) -> JobInfo:
-        return _info(self._call("GetJob", pb.GetJobRequest(job=self.name)))
+        return convert.job_info_from_pb(self._call("GetJob", pb.GetJobRequest(job=self.name)))
 
-    def acquire(self, phase: Phase, iteration: int, *, timeout_s: float = 300.0) -> Permit:
+    def acquire(self, phase: Phase, iteration: int, *, timeout_s: float = 300.0) -> Lease:
         """Block (server side) until the permit for `phase` of `iteration` is granted.
 
         Idempotent: asking again for a permit already granted returns the same lease.
@@ -282,16 +217,16 @@ class JobClient:
                                           timeout_s=wait)
             resp = self._call("AcquirePermit", req, timeout_s=wait + 5.0)
             if resp.outcome == pb.WAIT_OUTCOME_GRANTED:
-                return _permit(resp.lease)
+                return convert.lease_from_pb(resp.lease)
             if resp.outcome == pb.WAIT_OUTCOME_JOB_REMOVED:
                 raise JobRemovedError(resp.reason)
             reason = resp.reason
 
-    def renew(self, permit: Permit) -> float:
+    def renew(self, permit: Lease) -> float:
         """Extend the lease. Raises `StaleEpochError` if it was lost (stop the phase at once)."""
         return self._call("RenewPermit", pb.RenewPermitRequest(job=self.name, epoch=permit.epoch)).ttl_s
 
-    def release(self, permit: Permit, duration_s: float, *, node_id: str = "") -> tuple[Phase, int]:
+    def release(self, permit: Lease, duration_s: float, *, node_id: str = "") -> tuple[Phase, int]:
         """End the phase; returns the job's next (phase, iteration). Safe to retry.
 
         Args:
@@ -301,9 +236,9 @@ class JobClient:
         """
         resp = self._call("ReleasePermit", pb.ReleasePermitRequest(job=self.name, epoch=permit.epoch,
                                                                    duration_s=duration_s, node_id=node_id))
-        return convert.PHASE_FROM_PB[resp.next_phase], resp.next_iteration
+        return convert.phase_from_pb(resp.next_phase), resp.next_iteration
 
-    def advance(self, permit: Permit, duration_s: float, *, timeout_s: float = 300.0) -> Permit:
+    def advance(self, permit: Lease, duration_s: float, *, timeout_s: float = 300.0) -> Lease:
         """End the phase and block until the job's next phase is granted: `release` then `acquire`
         in one round trip and one durable commit. Safe to retry (a repeated release is recognised).
 
@@ -316,21 +251,17 @@ class JobClient:
         resp = self._call("AdvancePermit", req, timeout_s=wait + 5.0)
         nxt = resp.next
         if nxt.outcome == pb.WAIT_OUTCOME_GRANTED:
-            return _permit(nxt.lease)
+            return convert.lease_from_pb(nxt.lease)
         if nxt.outcome == pb.WAIT_OUTCOME_JOB_REMOVED:
             raise JobRemovedError(nxt.reason)
-        phase = convert.PHASE_FROM_PB[resp.released.next_phase]
+        phase = convert.phase_from_pb(resp.released.next_phase)
         return self.acquire(phase, resp.released.next_iteration, timeout_s=max(0.0, timeout_s - wait))
 
-    def report_progress(self, permit: Permit, finished: int, total: int) -> MigrationDirective | None:
+    def report_progress(self, permit: Lease, finished: int, total: int) -> Migration | None:
         """Report rollout progress (also renews); returns a migration directive once tail-bound."""
         resp = self._call("ReportProgress", pb.ReportProgressRequest(job=self.name, epoch=permit.epoch,
                                                                      finished=finished, total=total))
-        if not resp.HasField("migrate"):
-            return None
-        m = resp.migrate
-        return MigrationDirective(job=m.job, epoch=m.epoch, keep_nodes=tuple(m.keep_nodes),
-                                  release_nodes=tuple(m.release_nodes))
+        return convert.migration_from_pb(resp.migrate) if resp.HasField("migrate") else None
 
     def ack_relocation(self, epoch: int) -> tuple[Relocation, str]:
         """Acknowledge relocation directive `epoch` (at an iteration boundary); safe to retry.
@@ -379,7 +310,7 @@ class JobClient:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeldPermit:
-    permit: Permit
+    permit: Lease
     lost: threading.Event  # set when the lease was lost mid-phase
 
 
@@ -387,20 +318,20 @@ class NodeSession:
     """A node's registration and its one bidirectional stream, kept alive with reconnect backoff.
 
     Runs in a daemon thread: registers the node, opens NodeStream, sends a heartbeat every
-    `heartbeat_s` carrying `active_epochs()`, and hands every `NodeDown` message to `on_message`.
+    `heartbeat_s` carrying `active_epochs()`, and hands every event of the stream to `on_message`.
 
     Args:
         client: the connection.
         node_id / pool / gpu_type / gpu_count / host_dram_bytes / nvml: what RegisterNode sends.
         token: the node token (derive it with `auth.node_token(secret, node_id)`).
-        on_message: called from the session thread for each message (first a `snapshot`).
+        on_message: called from the session thread for each event (first a `NodeSnapshot`).
         active_epochs: epochs the node's ranks are running now (renews those leases).
         facts: optional refreshed facts for each heartbeat's ``nvml`` map.
     """
 
     def __init__(self, client: CoordinatorClient, node_id: str, pool: Pool, *, gpu_type: str, gpu_count: int,
                  host_dram_bytes: int, nvml: dict[str, str] | None = None, token: str | None = None,
-                 on_message: Callable[[pb.NodeDown], None] = lambda m: None,
+                 on_message: Callable[[NodeEvent], None] = lambda m: None,
                  active_epochs: Callable[[], Sequence[int]] = lambda: (), heartbeat_s: float = 1.0,
                  facts: Callable[[], dict[str, str]] | None = None) -> None:
         self.client, self.node_id, self.token = client, node_id, token
@@ -456,18 +387,20 @@ class NodeSession:
                                           **self._register)  # type: ignore[arg-type]
                 md = [(NODE_METADATA_KEY, self.node_id)]
                 if self.token:
-                    md.append(("authorization", f"Bearer {self.token}"))
+                    md.append(bearer_metadata(self.token))
                 self._call = self.client._stub(target).NodeStream(self._requests(), metadata=md)  # noqa: SLF001
                 for msg in self._call:
                     self.connected.set()
                     self.last_error = None
                     delay = 0.05
-                    self.on_message(msg)
+                    event = convert.node_event_from_pb(msg)
+                    if event is not None:
+                        self.on_message(event)
             except ServiceError as exc:
                 self.last_error = exc
             except grpc.RpcError as exc:
                 if not self._stop.is_set():
-                    self.last_error = _error(exc)
+                    self.last_error = error_from_rpc(exc)
             self.connected.clear()
             if self._stop.wait(delay):
                 return

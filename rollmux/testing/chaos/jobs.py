@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmux.chaos.deployment import Deployment
 from rollmux.sidecar import env
+from rollmux.testing.chaos.deployment import Deployment
 
 
 def append_event(path: Path, ev: str, *, t: float | None = None, **fields: Any) -> None:
@@ -99,7 +99,7 @@ class Jobs:
 
     def __init__(self, deploy: Deployment, log: Path, *, shim: int, direct: int, iterations: int,
                  phase_s: float) -> None:
-        from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.wire.client import CoordinatorClient
 
         self.deploy, self.log, self.iterations, self.phase_s = deploy, log, iterations, phase_s
         self.slots = [Slot(name=f"s{i}", kind="shim") for i in range(shim)]
@@ -137,8 +137,8 @@ class Jobs:
 
     # -------------------------------------------------------------------------- registration
     def _register(self, slot: Slot) -> None:
-        from rollmux.coordinator.service.api import AlreadyExistsError, ServiceError
         from rollmux.model import JobSpec
+        from rollmux.wire.errors import AlreadyExistsError, ServiceError
 
         name = f"{slot.name}-{len(slot.runs)}"
         # 1 MiB of cached state: placement does not depend on this machine's free host memory
@@ -154,7 +154,7 @@ class Jobs:
 
     def _launch(self, run: Run) -> None:
         """Start the run's processes once it is admitted and its nodes' sidecars serve."""
-        from rollmux.coordinator.service.api import ServiceError
+        from rollmux.wire.errors import ServiceError
 
         if run.kind == "direct":
             self._spawn(run, "direct")
@@ -184,7 +184,7 @@ class Jobs:
             e.update({env.SIDECAR_SOCKET: socket, env.JOB: run.name})
             argv = ["shim", "--role", role, *common]
         out = open(self.deploy.dir / f"{run.name}-{role}.log", "ab")  # noqa: SIM115 - the child's
-        run.procs[role] = subprocess.Popen([sys.executable, "-m", "rollmux.chaos.rank", *argv], env=e, stdout=out,
+        run.procs[role] = subprocess.Popen([sys.executable, "-m", "rollmux.testing.chaos.rank", *argv], env=e, stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
 
@@ -222,7 +222,7 @@ class Jobs:
 
     def _forget(self, run: Run) -> None:
         """An aborted run must be gone at the coordinator before its slot moves on."""
-        from rollmux.coordinator.service.api import NotFoundError, PermissionDeniedError, ServiceError
+        from rollmux.wire.errors import NotFoundError, PermissionDeniedError, ServiceError
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -236,17 +236,16 @@ class Jobs:
 
     def dump_state(self) -> Path:
         """Write the coordinator's view (jobs, permits, nodes) next to the logs, for a stuck run."""
-        from google.protobuf import json_format
-
-        from rollmux.coordinator.service.api import ServiceError
-        from rollmux.coordinator.service.client import CoordinatorClient
+        from rollmux.wire import convert
+        from rollmux.wire.client import CoordinatorClient
+        from rollmux.wire.errors import ServiceError
 
         path = self.deploy.dir / "cluster-state.json"
         leader = self.deploy.leader()  # a standby answers with an empty state
         client = CoordinatorClient(leader.address if leader else self.deploy.address.split(","),
                                    token=self.deploy.operator_token, retry_s=2.0)
         try:
-            path.write_text(json_format.MessageToJson(client.cluster_state()))
+            path.write_text(json.dumps(convert.cluster_info_to_dict(client.cluster_state()), indent=2))
         except ServiceError as exc:
             path.write_text(json.dumps({"error": str(exc)}))
         finally:
