@@ -1,7 +1,7 @@
 """The offline optimum for small instances: the cheapest partition of a job set into groups.
 
-All jobs are known and present at once. A group's cheapest configuration trains on
-max(N_T) GPUs and uses the fewest rollout nodes for which some pinning of its jobs keeps every
+All jobs are known and present at once. A group's cheapest configuration has max(N_T) training
+GPUs (each member trains on its own N_T of them, or on all when elastic) and uses the fewest rollout nodes for which some pinning of its jobs keeps every
 node's DRAM within capacity and every member within its SLO under the round-robin schedule
 (the same simulation as the online policy). Group costs are memoised per subset; subsets whose
 sub-subset is infeasible are skipped (removing a job never lengthens anyone's period nor adds
@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PolicyConfig, PolicyError
 from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
 from rollmux.model import ClusterSpec, JobSpec, Pool
@@ -52,7 +53,7 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_gpus: int, m: int, cluster:
     """Depth-first search for a pinning of `jobs` on `m` rollout nodes; None if none is feasible."""
     dram = cluster.host_dram_bytes
     need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
-    t_train = [j.t_train_s * j.n_train_gpus / train_gpus for j in jobs]  # type: ignore[operator]
+    t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
     budgets = [j.slo * j.t_solo_s * (1 + config.slo_tolerance) for j in jobs]
     used = [0] * m
     load = [0.0] * m
@@ -99,7 +100,7 @@ def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: Policy
     train_gpus = train_nodes * cluster.gpus_per_node
     if sum(j.train_state_bytes for j in jobs) >= cluster.host_dram_bytes:  # type: ignore[misc]
         return None
-    t_train = [j.t_train_s * j.n_train_gpus / train_gpus for j in jobs]  # type: ignore[operator]
+    t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
     lower = max(sum(t_train), max(j.t_roll_s + t for j, t in zip(jobs, t_train)))  # type: ignore[operator]
     if lower > min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance):
         return None

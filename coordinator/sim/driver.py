@@ -239,8 +239,8 @@ class _Replay:
         shares = [m.colocated or any(len(group.rollout[n].jobs) > 1 for n in m.rollout_nodes) for m in ms]
         draws: list[JobDraws] = [self.ctx.draws[j] for j in members]
         base = [self.jobs[j].done_iters for j in members]
-        # Every member trains on the whole training pool (its data parallelism stretches to it), at
-        # the pool's speed; a co-located Rollout runs at the speed of the group's GPUs.
+        # A member trains on its own GPUs (on the whole training pool only when elastic), at the
+        # pool's speed; a co-located Rollout runs at the speed of the group's GPUs.
         stretch = [m.train_factor for m in ms]
         roll_x = [m.roll_factor for m in ms]
         # A co-located member's weights stay on its GPUs: no sync over the inter-cluster link.

@@ -65,11 +65,11 @@ def add_nodes(rt: Runtime, *, rollout: int, train: int, first_rollout: int = 0, 
         rt.node_connected(node_id)
 
 
-def add_jobs(rt: Runtime, names: str, *, t_roll_s: float, t_train_s: float, slo: float) -> None:
+def add_jobs(rt: Runtime, names: str, *, t_roll_s: float, t_train_s: float, slo: float, elastic: bool = False) -> None:
     """Register one 8 + 8-GPU job per letter of `names`, with these planned times."""
     for name in names:
         s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=t_roll_s, t_train_s=t_train_s, slo=slo,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+                    rollout_state_bytes=10**9, train_state_bytes=10**9, elastic=elastic)
         rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
 
 
@@ -78,7 +78,7 @@ def two_lone_jobs(n_train: int = 3, config: ServiceConfig | None = None) -> Runt
     pooling both training nodes in one group (one rollout node) meets both SLOs for less."""
     rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
     add_nodes(rt, rollout=2, train=n_train)
-    add_jobs(rt, "AB", t_roll_s=100, t_train_s=300, slo=1.3)
+    add_jobs(rt, "AB", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)  # elastic: their Trains may pool
     assert [rt.jobs[n].group_id for n in "AB"] == ["g0", "g1"]
     rt.take_changes()
     return rt
@@ -151,7 +151,7 @@ def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> 
     add_nodes(rt, rollout=3, train=4)
     for name, n_train, t_train in (("A", 16, 300), ("B", 8, 150)):  # A trains on two nodes: it opens the pool
         s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=n_train, t_roll_s=100, t_train_s=t_train, slo=1.3,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+                    rollout_state_bytes=10**9, train_state_bytes=10**9, elastic=True)
         rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
     a = rt.plan_relocations(["g1"])  # planned for B; the directive returned is the first half's
     assert a is not None and a.job == "A"
@@ -230,7 +230,7 @@ def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch
     monkeypatch.setattr(state_mod, "LIVE_MERGE_CANDIDATES", 2)
     rt = two_lone_jobs(n_train=6)
     add_nodes(rt, rollout=4, train=0, first_rollout=2)
-    add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3)
+    add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)
     assert len({rt.jobs[n].group_id for n in "ABCDEF"}) == 6
     priced: list[str] = []
     real = regroup._pair_cost
