@@ -11,6 +11,7 @@ from dataclasses import replace
 from enum import Enum
 
 from rollmux.coordinator.policy import RollMuxPolicy
+from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.api import (
@@ -182,7 +183,8 @@ class Admission(GrantQueues):
         """The policy's decision; if its new nodes are not free and the work-aware check refused a join
         (`occupancy`: the job would rather go alone on nodes the fleet does not have), the decision
         with `work_aware` off, which takes that join instead of leaving the job pending."""
-        decision = self.policy.place(spec, self.placement)
+        decision = place_pending(self.policy, spec, self.placement,  # knowing the jobs pending behind it
+                                 [self.jobs[n].spec for n in self.pending() if n != spec.name])
         if (not decision_fits(decision, free) and isinstance(self.policy, RollMuxPolicy)
                 and self.policy.config.work_aware
                 and any(r.reason is RejectReason.OCCUPANCY for r in decision.rejections)):
