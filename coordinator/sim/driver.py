@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.executor import run_schedule
 from rollmux.coordinator.policy.intra_group import (
@@ -107,6 +108,9 @@ class _Replay:
         self._max_moves = config.max_moves_per_job if config is not None else 0  # relocations one job may take
         for j in trace:
             heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
+        self._arriving: dict[float, list[str]] = {}  # arrival time -> jobs arriving then (pending together)
+        for j in trace:
+            self._arriving.setdefault(j.arrival_s, []).append(j.job_id)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> PolicyRun:
@@ -139,7 +143,10 @@ class _Replay:
 
     def _arrive(self, job_id: str, t: float) -> None:
         spec = self.specs[job_id]
-        decision = self.policy.place(spec, self.state)
+        # Jobs arriving at the same instant are pending together, as in the live admission.
+        together = [self.specs[j] for j in self._arriving[self.trace[job_id].arrival_s]
+                    if j != job_id and j not in self.state.job_group and j not in self.outcomes]
+        decision = place_pending(self.policy, spec, self.state, together)
         if decision.group_id is not None:
             self._settle(decision.group_id, t)
         group = self.state.apply(spec, decision)
