@@ -19,6 +19,7 @@ admission (`runtime.admission`) and the benchmarks call it where they called `pl
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import ChainMap
 from collections.abc import Sequence
 from dataclasses import replace
@@ -120,7 +121,11 @@ def _fork(state: ClusterState, gids: Sequence[str] | None = None) -> ClusterStat
     fork._unsaturated = {g: v for g, v in state._unsaturated.items() if g in fork.groups}  # noqa: SLF001
     fork.job_group = ChainMap({}, state.job_group)  # type: ignore[assignment]
     fork.node_group = ChainMap({}, state.node_group)  # type: ignore[assignment]
-    fork._group_seq, fork._node_seq = copy.copy(state._group_seq), copy.copy(state._node_seq)  # noqa: SLF001
+    fork._group_seq = copy.copy(state._group_seq)  # noqa: SLF001
+    # New nodes get ids no real node has (the live state's nodes are named by their sidecars), shared
+    # by every fork of one lookahead so that nested forks never reuse one.
+    fork._node_seq = getattr(state, "_lookahead_ids", None) or itertools.count()  # noqa: SLF001
+    fork._lookahead_ids = fork._node_seq  # type: ignore[attr-defined]  # noqa: SLF001
     return fork
 
 
@@ -132,4 +137,5 @@ def _apply(fork: ClusterState, job: JobSpec, decision: PlacementDecision) -> Non
         fork.groups[gid] = copy.deepcopy(group, {id(group._cluster): group._cluster})  # noqa: SLF001
         if gid in fork._unsaturated:  # noqa: SLF001
             fork._unsaturated[gid] = fork.groups[gid]  # noqa: SLF001
-    fork.apply(job, decision)
+    fork.apply(job, decision, allocate=lambda pool, count: [f"<lookahead-{pool.value}-{next(fork._node_seq)}>"  # noqa: SLF001
+                                                            for _ in range(count)])

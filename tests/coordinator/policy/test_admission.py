@@ -63,3 +63,18 @@ def test_a_fixed_mode_is_kept_by_every_choice() -> None:
     jobs = [replace(j, deployment=Deployment.COLOCATED_TRAIN) for j in _pending()]
     policy = RollMuxPolicy(PolicyConfig())
     assert place_pending(policy, jobs[0], ClusterState(), jobs[1:]).deployment is Deployment.COLOCATED_TRAIN
+
+
+
+def test_lookahead_on_nodes_named_like_its_own_new_ones() -> None:
+    # The live state's nodes are named by their sidecars ("r0", "t0"...): a lookahead that scales a
+    # group by new rollout nodes in its scratch forks must not name them like the group's own.
+    policy = RollMuxPolicy(PolicyConfig(modes=False))
+    state = ClusterState()
+    names = {"rollout": iter(f"r{i}" for i in range(64)), "train": iter(f"t{i}" for i in range(64))}
+    first = make_job("a", roll=100, train=50, slo=2.0)
+    state.apply(first, policy.place(first, state), allocate=lambda pool, n: [next(names[pool.value]) for _ in range(n)])
+    pending = [make_job(name, roll=100, train=50, slo=2.0) for name in "bcd"]
+    decision = place_pending(policy, pending[0], state, pending[1:])
+    assert decision.group_id == "g0"
+    assert set(state.node_group) == {"r0", "t0"}
