@@ -16,7 +16,15 @@ Rows, per direction (offload = device -> host, reload = host -> device), each be
 - cache e2e: the whole call, including releasing (offload) or reallocating (reload) the device
   storages, against the plain copy plus the same release ("copy+free") or allocation ("alloc+copy")
   that any cache which really frees the memory must do.
-- on a GPU machine, the PCIe peak: one big pinned H2D/D2H copy timed with CUDA events.
+- on a GPU machine, the PCIe peak: one big pinned H2D/D2H copy timed with CUDA events, and the
+  fraction of it the cache reaches end to end.
+- the common alternative: a module holding the same tensors moved with ``module.to("cpu")`` plus
+  ``empty_cache()`` (offload) and ``module.to(device)`` (reload), no pinned buffers kept.
+
+It also reports the bytes an offload frees, as the allocator sees them and, on a GPU with NVML, as
+NVML reports this process (what the sidecar's memory check reads), and checks that every tensor is
+bitwise the same after the round trips. ``--json FILE`` writes all figures (``scripts/gpu_check.sh``
+stage 3 reads it). ``--device cuda`` means the current GPU (the cache normalises it to ``cuda:<i>``).
 
 Plain and cache runs are interleaved so both see the same machine load; ``--threads`` defaults to 1
 (the tiny jobs run single-threaded, and one thread is steadier on a shared machine). On CPU,
@@ -30,6 +38,7 @@ Target: every ratio >= 0.9x. ``--check`` exits non-zero below target. The defaul
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -103,6 +112,36 @@ def pcie_peak(nbytes: int, device: torch.device, repeats: int) -> dict[str, floa
     }
 
 
+class ToCpu:
+    """The alternative: a module whose buffers are the same tensors, moved with ``.to()`` each phase."""
+
+    def __init__(self, nbytes: int, n: int, device: torch.device) -> None:
+        self.device, self.module = device, torch.nn.Module()
+        for i, t in enumerate(make_state(nbytes, n, device)):
+            self.module.register_buffer(f"t{i}", t)
+
+    def run(self) -> dict[str, float]:
+        def offload() -> None:
+            self.module.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+        return {"offload": _timed(self.device, offload), "reload": _timed(self.device, lambda: self.module.to(self.device))}
+
+
+def _allocated(device: torch.device) -> int | None:
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+
+
+def _nvml_bytes() -> int | None:
+    """This process's GPU memory as NVML reports it (None without NVML)."""
+    from rollmux.sidecar.gpu import detect
+
+    provider = detect("unknown", 1)
+    used = provider.process_memory([os.getpid()])
+    return None if used is None else used[os.getpid()]
+
+
 def make_state(nbytes: int, n: int, device: torch.device) -> list[torch.Tensor]:
     """``n`` tensors of varied sizes (weights 1..n) and mixed dtypes, ``nbytes`` in all."""
     dtypes = [torch.float32, torch.bfloat16, torch.int64]
@@ -138,30 +177,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--check", action="store_true", help=f"exit 1 below {TARGET}x of the baseline")
+    parser.add_argument("--json", default=None, help="write every figure to this JSON file")
     args = parser.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    from rollmux.sidecar.state_cache import canonical_device
+
+    device = canonical_device(args.device)
     pinned = device.type == "cuda"
     nbytes = int(args.gb * 1e9)
     peak = pcie_peak(nbytes, device, args.repeats) if device.type == "cuda" else None
     plain_copy = PlainCopy(nbytes, device, pinned)
+    to_cpu = ToCpu(nbytes, args.tensors, device) if device.type == "cuda" else None  # a no-op on the CPU
     cache, tensors = build_cache(nbytes, device, args)
     cached = cache.device_bytes()
-    checksum = [float(t[-1]) for t in tensors]
+    reference = [t.clone() for t in tensors]  # bitwise reference, compared after the round trips
     allocations = cache.host_allocations
+    freed = _freed(cache, device)
     runs: dict[str, list[float]] = {}
-    for _ in range(args.repeats):  # interleaved, so both see the same machine load
+    for _ in range(args.repeats):  # interleaved, so all see the same machine load
         for key, value in plain_copy.run().items():
             runs.setdefault(f"plain_{key}", []).append(value)
+        for key, value in (to_cpu.run() if to_cpu else {}).items():
+            runs.setdefault(f"tocpu_{key}", []).append(value)
         for stats in (cache.offload(), cache.reload()):
             runs.setdefault(f"copy_{stats.direction}", []).append(stats.copy_s)
             runs.setdefault(f"e2e_{stats.direction}", []).append(stats.total_s)
     if cache.host_allocations != allocations:
         raise SystemExit("host buffers were reallocated between phases; the cache must pin once")
-    if [float(t[-1]) for t in tensors] != checksum:
-        raise SystemExit("state changed across offload/reload")
+    bitwise = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(tensors, reference))
+    del reference
     best = {k: min(v) for k, v in runs.items()}
     plain = {k.removeprefix("plain_"): v for k, v in best.items() if k.startswith("plain_")}
     copy_s = {k.removeprefix("copy_"): v for k, v in best.items() if k.startswith("copy_")}
@@ -210,8 +256,43 @@ def main(argv: list[str] | None = None) -> int:
             peak_bw = gbps(nbytes, peak[direction])
             line += f" {peak_bw:>5.2f} GB/s {e2e_bw / peak_bw:>7.2f}x"
         print(line)
+    tocpu = {d: gbps(cached, min(runs[f"tocpu_{d}"])) for d in ("offload", "reload")} if to_cpu else None
+    e2e = {d: gbps(cached, total_s[d]) for d in ("offload", "reload")}
+    for d in ("offload", "reload") if tocpu else ():
+        print(f"{d:<9} cache e2e {e2e[d]:>5.2f} GB/s vs module.to({'cpu' if d == 'offload' else 'device'})"
+              f"{' + empty_cache' if d == 'offload' else ''} {tocpu[d]:>5.2f} GB/s: {e2e[d] / tocpu[d]:.2f}x")
+    print(f"offload frees {freed['allocator_bytes'] if freed['allocator_bytes'] is not None else 'n/a'} bytes "
+          f"(allocator), {freed['nvml_bytes'] if freed['nvml_bytes'] is not None else 'n/a'} bytes (NVML) of "
+          f"{cached}; bitwise identical after {args.repeats} round trips: {bitwise}")
     print(f"target: >= {TARGET}x in every ratio column -> {'met' if ok else 'NOT met'}")
-    return 1 if args.check and not ok else 0
+    if args.json:
+        peak_gbps = {d: gbps(nbytes, peak[d]) for d in peak} if peak else None
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({
+                "device": str(device), "state_bytes": cached, "repeats": args.repeats,
+                "cache_e2e_gbps": e2e, "cache_copy_gbps": {d: gbps(cached, copy_s[d]) for d in copy_s},
+                "plain_copy_gbps": {d: gbps(nbytes, plain[d]) for d in ("offload", "reload")},
+                "to_cpu_gbps": tocpu, "cache_vs_plain_copy": {d: e2e[d] / gbps(nbytes, plain[d]) for d in e2e},
+                "cache_vs_to_cpu": {d: e2e[d] / tocpu[d] for d in e2e} if tocpu else None,
+                "pcie_peak_gbps": peak_gbps,
+                "pcie_fraction": {d: e2e[d] / peak_gbps[d] for d in e2e} if peak_gbps else None,
+                "freed": freed, "bitwise_identical": bitwise, "target_met": ok}, f, indent=2)
+    return 1 if (args.check and not ok) or not bitwise else 0
+
+
+def _freed(cache: StateCache, device: torch.device) -> dict[str, int | None]:
+    """Bytes one offload frees (allocator and NVML), measured around a first offload/reload."""
+    _sync(device)
+    before = (_allocated(device), _nvml_bytes() if device.type == "cuda" else None)
+    resident = cache.device_bytes()
+    cache.offload()
+    _sync(device)
+    after = (_allocated(device), _nvml_bytes() if device.type == "cuda" else None)
+    released = resident - cache.device_bytes()
+    cache.reload()
+    return {"cache_bytes": released,"allocator_bytes": None if before[0] is None or after[0] is None else before[0] - after[0],
+            "nvml_bytes": None if before[1] is None or after[1] is None else before[1] - after[1],
+            "host_bytes": cache.host_bytes()}
 
 
 if __name__ == "__main__":

@@ -5,8 +5,13 @@ Permit flow for one job on one node::
     rank A Acquire(train, 3) --+-- first asker leads: JobClient.acquire(...) on the coordinator
     rank B Acquire(train, 3) --+-- others wait; all get the same lease (fan-out)
     rank A Release(epoch)      -- waits for B
-    rank B Release(epoch)      -- last one leads: NVML check of the job's pids, then
+    rank B Release(epoch)      -- last one leads: memory check of the job's local pids, then
                                   JobClient.release(duration = longest rank's) ; both return
+
+The memory check reads each local rank's GPU bytes (NVML, or its stand-in on a CPU machine) and waits
+until every process holds at most ``gpu_mem_limit_bytes`` (about its CUDA context: see
+``rollmux.sidecar.gpu``), at most ``memory_wait_s``; a process still above it then is reported by PID
+and bytes in a ``gpu_memory_not_freed`` event, and the node is released anyway.
 
 :class:`PermitRelay` is a part of :class:`~rollmux.sidecar.agent.NodeAgent`: it decides under the
 agent's lock and makes the coordinator calls and the NVML polling outside it.
@@ -31,7 +36,7 @@ from rollmux.sidecar.api import (
     RankState,
     SidecarUnreachableError,
 )
-from rollmux.sidecar.gpu import GpuProvider
+from rollmux.sidecar.gpu import GpuProvider, holders_over
 
 log = logging.getLogger("rollmux.sidecar")
 
@@ -173,7 +178,7 @@ class PermitRelay:
             # no rank ran longer than the permit has been on this node: a rank's clock cannot say otherwise
             duration = min(max(durations.values()), max(0.0, time.time() - job.granted_at))
         try:
-            self._wait_gpu_memory(job.name, pids)
+            gpu_bytes = self._wait_gpu_memory(job.name, pids)
             nxt_phase, nxt_it = job.client.release(permit, duration)
         finally:
             with self._cv:
@@ -184,21 +189,34 @@ class PermitRelay:
                         r.move(RankState.IDLE, "node released")
                 self._cv.notify_all()
         self._record("released", job=job.name, phase=permit.phase.value, iteration=permit.iteration, epoch=epoch,
-                     duration_s=round(duration, 6), ranks=len(durations))
+                     duration_s=round(duration, 6), ranks=len(durations),
+                     gpu_bytes=None if gpu_bytes is None else {str(p): b for p, b in gpu_bytes.items()})
         return True, nxt_phase.value, nxt_it
 
-    def _wait_gpu_memory(self, job: str, pids: list[int]) -> None:
-        """Wait (bounded) until the job's processes hold at most the configured GPU memory."""
-        limit, deadline = self.config.gpu_mem_limit_bytes, time.monotonic() + self.config.memory_wait_s
+    def _wait_gpu_memory(self, job: str, pids: list[int]) -> dict[int, int] | None:
+        """Wait (bounded) until each of the job's local processes holds at most the per-process limit.
+
+        Returns:
+            The last per-PID reading (None: the provider cannot tell, and the check is skipped).
+        """
+        limit, wait_s = self.config.gpu_mem_limit_bytes, self.config.memory_wait_s
+        start = time.monotonic()
         while True:
-            used = self.gpu.process_memory_bytes(pids)
-            if used is None or used <= limit:
-                return
-            if time.monotonic() > deadline:
-                log.warning("job %s still holds %d GPU bytes (limit %d) after %.0fs; releasing the node anyway",
-                            job, used, limit, self.config.memory_wait_s)
-                self._record("gpu_memory_not_freed", job=job, used_bytes=used, limit_bytes=limit)
-                return
+            used = self.gpu.process_memory(pids)
+            if used is None:
+                return None
+            over = holders_over(used, limit)
+            if not over:
+                return used
+            waited = time.monotonic() - start
+            if waited > wait_s:
+                for h in over:
+                    log.warning("job %s: pid %d still holds %d GPU bytes (limit %d per process) after %.1fs on "
+                                "node %s; releasing the node anyway", job, h.pid, h.used_bytes, limit, waited,
+                                self.config.node_id)
+                    self._record("gpu_memory_not_freed", job=job, pid=h.pid, used_bytes=h.used_bytes,
+                                 limit_bytes=limit, waited_s=round(waited, 3))
+                return used
             time.sleep(0.05)
 
     def progress(self, rank_id: str, epoch: int, finished: int, total: int, *, conn: str = "") -> Migration | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from rollmux.coordinator.service.client import JobClient, Permit
 from rollmux.model import Pool
 from rollmux.sidecar.api import PHASES, RankLease
+from rollmux.sidecar.gpu import DEFAULT_PROCESS_LIMIT_BYTES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -15,7 +16,7 @@ class AgentConfig:
 
     node_id: str  # the node's id at the coordinator
     pool: Pool  # the node's pool
-    gpu_mem_limit_bytes: int = 512 << 20  # a job's processes may keep this much GPU memory after a phase
+    gpu_mem_limit_bytes: int = DEFAULT_PROCESS_LIMIT_BYTES  # each process of a job may keep this much GPU memory after a phase (its CUDA context)
     memory_wait_s: float = 30.0  # how long to wait for the job's GPU memory to drop before releasing anyway
     heartbeat_s: float = 0.5  # heartbeat period on the coordinator stream (renews running leases)
     event_log: str | None = None  # JSON-lines file of node events (grants, releases, rank deaths)

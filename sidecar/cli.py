@@ -35,8 +35,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "H20 for rollout, H800 for train)")
     parser.add_argument("--gpu-count", type=int, default=1, help="GPU count to register when NVML is unavailable")
     parser.add_argument("--no-nvml", action="store_true", help="do not use NVML even if present")
-    parser.add_argument("--gpu-mem-limit-mib", type=int, default=512,
-                        help="a job's processes may keep this much GPU memory when the node is released")
+    from rollmux.sidecar import env
+    from rollmux.sidecar.gpu import DEFAULT_PROCESS_LIMIT_BYTES
+
+    parser.add_argument("--gpu-memory-standin", default=os.environ.get(env.GPU_MEMORY_STANDIN) or None,
+                        help="read each process's GPU memory from <dir>/<pid> files instead of NVML (a stand-in for "
+                             f"machines without a GPU; default ${env.GPU_MEMORY_STANDIN})")
+    parser.add_argument("--gpu-mem-limit-mib", type=int, default=DEFAULT_PROCESS_LIMIT_BYTES >> 20,
+                        help="each process of a job may keep this much GPU memory (its CUDA context) when the "
+                             "node is released (default: two CUDA contexts as NVML reports them)")
     parser.add_argument("--memory-wait-s", type=float, default=30.0,
                         help="longest wait for a job's GPU memory to drop before releasing anyway")
     parser.add_argument("--heartbeat-s", type=float, default=0.5, help="coordinator heartbeat period")
@@ -114,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pool = Pool(args.pool)
     gpu_type = args.gpu_type or ClusterSpec().gpu_for(pool).name
-    gpu = detect(gpu_type, args.gpu_count, use_nvml=not args.no_nvml)
+    gpu = detect(gpu_type, args.gpu_count, use_nvml=not args.no_nvml, memory_standin_dir=args.gpu_memory_standin)
     config = AgentConfig(node_id=args.node_id, pool=pool, gpu_mem_limit_bytes=args.gpu_mem_limit_mib << 20,
                          memory_wait_s=args.memory_wait_s, heartbeat_s=args.heartbeat_s, event_log=args.event_log)
     try:

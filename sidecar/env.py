@@ -43,3 +43,9 @@ DEPLOYMENT = "ROLLMUX_DEPLOYMENT"
 the job's workers with its token. It decides which pool's rank asks for each phase's permit: a
 co-located job's Rollout runs on its training (or rollout) nodes, so the rank there owns it.
 Default: this process's registration, else "disaggregated"."""
+
+GPU_MEMORY_STANDIN = "ROLLMUX_GPU_MEMORY_STANDIN"
+"""Sidecar, machines without a GPU only: a directory of ``<pid>`` files, each holding the GPU bytes that
+process says it holds; the sidecar's memory check reads them instead of NVML (a stand-in used by tests
+and ``scripts/gpu_check.sh --cpu``; ``rollmux sidecar --gpu-memory-standin``). The tiny GRPO demo's ranks
+write theirs with ``--gpu-memory-standin``. Unset: NVML."""

@@ -1,20 +1,43 @@
-"""Node facts for registration and the per-job GPU memory check, through NVML when it works.
+"""Node facts for registration and the per-process GPU memory check, through NVML when it works.
 
 NVML never creates a CUDA context (the sidecar must not). Every NVML call is guarded: no library,
 no driver or no GPU degrades to :class:`NoGpuProvider`, whose per-process memory is "unknown" (the
-memory check is then skipped), and whose GPU type and count come from the command line.
+memory check is then skipped), and whose GPU type and count come from the command line. On a machine
+without a GPU, :class:`StandInMemoryProvider` stands in for NVML's per-process figures: each process
+writes the bytes it holds to a file named by its PID (:func:`write_standin_bytes`), so a test or the
+CPU run of ``scripts/gpu_check.sh`` controls what the memory check sees.
+
+The memory check's limit is per process (:data:`DEFAULT_PROCESS_LIMIT_BYTES`): after its phase, every
+process of a job keeps its CUDA context, which NVML counts as the process's memory. A limit below one
+context would flag every healthy rank; one far above it would miss real state left behind.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from rollmux.model import GpuCatalog
 
 log = logging.getLogger("rollmux.sidecar")
+
+MiB = 1 << 20
+CUDA_CONTEXT_BYTES = 512 * MiB
+"""The CUDA context footprint NVML reports for one PyTorch process on a Hopper GPU (H100/H200, CUDA 12-13,
+lazy module loading, the default since CUDA 11.7): the context, the kernels a first matmul loads and
+cuBLAS's workspace, about 0.5 GiB. How it is measured: stage 1 of ``scripts/gpu_check.sh`` starts a fresh
+process that runs ``torch.cuda.init()``, one matmul and ``empty_cache()``, then reads its ``usedGpuMemory``
+from ``nvmlDeviceGetComputeRunningProcesses``; its ``summary.json`` records the figure and whether
+:data:`DEFAULT_PROCESS_LIMIT_BYTES` covers it (docs/how-to/gpu-check.md keeps the measured values)."""
+
+DEFAULT_PROCESS_LIMIT_BYTES = 2 * CUDA_CONTEXT_BYTES
+"""Per-process GPU memory a job's rank may keep after its phase: two CUDA contexts (1 GiB). Twice the
+context leaves room for the allocator's retained small blocks and a second cuBLAS handle, and is still far
+below any real state (a 0.5B-parameter model's bf16 weights are 1 GB; a KV cache is gigabytes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,16 +49,35 @@ class GpuFacts:
     nvml: dict[str, str]  # free-form facts (driver, per-GPU memory, nvml_available)
 
 
-class GpuProvider(Protocol):
-    """Where GPU facts and per-process GPU memory come from."""
+class GpuMemoryProvider(Protocol):
+    """Where the memory check reads each process's GPU memory from."""
+
+    def process_memory(self, pids: Iterable[int]) -> dict[int, int] | None:
+        """GPU bytes each of `pids` holds, summed over the node's GPUs (0 for a process holding none);
+        None when it cannot be known (no NVML, or NVML does not report per-process figures)."""
+        ...
+
+
+class GpuProvider(GpuMemoryProvider, Protocol):
+    """Node facts and per-process GPU memory: what a node agent needs from its GPUs."""
 
     available: bool  # True when NVML answers
 
     def facts(self) -> GpuFacts: ...
 
-    def process_memory_bytes(self, pids: Iterable[int]) -> int | None:
-        """GPU memory held by `pids` summed over the node's GPUs; None when it cannot be known."""
-        ...
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryHolder:
+    """A process that still holds more GPU memory than the limit."""
+
+    pid: int  # host process id
+    used_bytes: int  # GPU bytes it holds, summed over the node's GPUs
+
+
+def holders_over(used: Mapping[int, int], limit_bytes: int) -> list[MemoryHolder]:
+    """The processes holding more than `limit_bytes` each, largest first. Pure."""
+    over = [MemoryHolder(pid=pid, used_bytes=b) for pid, b in used.items() if b > limit_bytes]
+    return sorted(over, key=lambda h: (-h.used_bytes, h.pid))
 
 
 class NoGpuProvider:
@@ -56,8 +98,48 @@ class NoGpuProvider:
     def facts(self) -> GpuFacts:
         return self._facts
 
-    def process_memory_bytes(self, pids: Iterable[int]) -> int | None:
+    def process_memory(self, pids: Iterable[int]) -> dict[int, int] | None:
         return None
+
+
+class StandInMemoryProvider(NoGpuProvider):
+    """A stand-in for NVML's per-process memory on machines without a GPU: reads ``<directory>/<pid>``.
+
+    Each file holds one integer, the bytes that process says it holds on its GPU (written with
+    :func:`write_standin_bytes`); a process without a file holds 0. Facts come from flags, as for
+    :class:`NoGpuProvider`. Tests and the CPU run of the GPU check use it to drive the memory check.
+
+    Args:
+        directory: where the per-PID files are.
+        gpu_type: the catalog key to register as.
+        gpu_count: the count to register.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], gpu_type: str, gpu_count: int) -> None:
+        super().__init__(gpu_type, gpu_count, f"per-process memory from the stand-in directory {directory}")
+        self.directory = Path(directory)
+
+    def process_memory(self, pids: Iterable[int]) -> dict[int, int] | None:
+        out = {}
+        for pid in pids:
+            try:
+                out[pid] = int((self.directory / str(pid)).read_text().strip() or 0)
+            except FileNotFoundError:
+                out[pid] = 0
+            except (OSError, ValueError) as exc:
+                log.warning("stand-in GPU memory file of pid %d unreadable: %s", pid, exc)
+                return None
+        return out
+
+
+def write_standin_bytes(directory: str | os.PathLike[str], pid: int, nbytes: int) -> None:
+    """Record that process `pid` holds `nbytes` of (stand-in) GPU memory; atomic, so a reader never
+    sees a half-written file."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{pid}.tmp"
+    tmp.write_text(str(int(nbytes)))
+    os.replace(tmp, d / str(pid))
 
 
 class NvmlProvider:
@@ -89,20 +171,26 @@ class NvmlProvider:
                 continue
         return GpuFacts(gpu_type=self._type, gpu_count=max(1, self._count), nvml=facts)
 
-    def process_memory_bytes(self, pids: Iterable[int]) -> int | None:
-        wanted = set(pids)
-        total = 0
+    def process_memory(self, pids: Iterable[int]) -> dict[int, int] | None:
+        """Per-PID used bytes from ``nvmlDeviceGetComputeRunningProcesses`` on every GPU of the node.
+
+        A process with a context on several GPUs is listed once per GPU: its bytes are summed. NVML
+        reports ``usedGpuMemory`` as None where it cannot attribute memory (some containers, MIG):
+        the answer is then unknown (None), never a guess.
+        """
+        out = dict.fromkeys(pids, 0)
         try:
             for h in self._handles:
                 for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(h):
-                    if p.pid in wanted:
-                        if p.usedGpuMemory is None:  # containers / MIG: not reported
-                            return None
-                        total += int(p.usedGpuMemory)
+                    if p.pid not in out:
+                        continue
+                    if p.usedGpuMemory is None:
+                        return None
+                    out[p.pid] += int(p.usedGpuMemory)
         except Exception as exc:  # noqa: BLE001 - degrade, never crash the node agent
             log.warning("NVML per-process memory query failed: %s", exc)
             return None
-        return total
+        return out
 
 
 def catalog_key(nvml_name: str) -> str | None:
@@ -115,8 +203,19 @@ def catalog_key(nvml_name: str) -> str | None:
     return None
 
 
-def detect(gpu_type: str, gpu_count: int, *, use_nvml: bool = True) -> GpuProvider:
-    """NVML when it initialises and sees a GPU, else :class:`NoGpuProvider` with the given stand-ins."""
+def detect(gpu_type: str, gpu_count: int, *, use_nvml: bool = True,
+           memory_standin_dir: str | None = None) -> GpuProvider:
+    """NVML when it initialises and sees a GPU, else :class:`NoGpuProvider` with the given stand-ins.
+
+    Args:
+        gpu_type: catalog key to register when NVML is not used.
+        gpu_count: GPU count to register when NVML is not used.
+        use_nvml: False skips NVML.
+        memory_standin_dir: read per-process memory from this directory instead of NVML
+            (:class:`StandInMemoryProvider`, for machines without a GPU); None: NVML.
+    """
+    if memory_standin_dir:
+        return StandInMemoryProvider(memory_standin_dir, gpu_type, gpu_count)
     if not use_nvml:
         return NoGpuProvider(gpu_type, gpu_count, "NVML disabled by flag")
     try:

@@ -265,8 +265,9 @@ class StateCache:
 
     Args:
         job_id: for messages and history.
-        device: the device whose memory is cached; None infers it from the registered tensors at the
-            first offload (a GPU if any tensor is on one, else the CPU).
+        device: the device whose memory is cached (``cuda`` means the current GPU); None infers it from
+            the registered tensors at the first offload (:func:`choose_device`: the GPU they are on,
+            leaving CPU-resident optimizer scalars such as Adam's ``step`` in place; else the CPU).
         config: knobs; defaults if None.
         clock: nanosecond clock for the history (injected by tests).
     """
@@ -490,33 +491,27 @@ class StateCache:
 
     def _collect(self) -> list[_Entry]:
         """The distinct device storages reachable from the registered objects, in registration order."""
-        torch = _torch()
-        found: dict[int, _Entry] = {}
-        devices: dict[Any, str] = {}
-        for source in self._sources:
-            for tname, t in source.tensors():
-                name = f"{source.name}.{tname}" if tname else source.name
-                if self._device is not None and t.device != self._device:
-                    continue  # e.g. Adam's CPU "step" counter beside GPU state: it holds no device memory
-                devices.setdefault(t.device, name)
-                storage = t.untyped_storage()
-                if storage.nbytes() == 0 or storage.data_ptr() in found:
-                    continue  # empty, or a view/tied weight of a storage already listed
-                if not storage.resizable():
-                    raise RegistrationError(
-                        f"tensor {name!r} of job {self.job_id!r} uses external memory (not resizable), so its "
-                        "device memory cannot be released; register a tensor that owns its storage (clone it)"
-                    )
-                found[storage.data_ptr()] = _Entry(name, storage, storage.nbytes())
+        named = [(f"{source.name}.{tname}" if tname else source.name, t)
+                 for source in self._sources for tname, t in source.tensors()]
         if self._device is None:
-            if len(devices) > 1:
-                listed = ", ".join(f"{n!r} on {d}" for d, n in devices.items())
+            self._device = choose_device(
+                (TensorPlacement(name=n, device=t.device, scalar=t.numel() <= 1) for n, t in named),
+                f"job {self.job_id!r}")
+        elif self._device.index is None and self._device.type not in _INDEXLESS:
+            self._device = canonical_device(self._device)
+        found: dict[int, _Entry] = {}
+        for name, t in named:
+            if t.device != self._device:
+                continue  # e.g. Adam's CPU "step" counter beside GPU state: it holds no device memory
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0 or storage.data_ptr() in found:
+                continue  # empty, or a view/tied weight of a storage already listed
+            if not storage.resizable():
                 raise RegistrationError(
-                    f"job {self.job_id!r} registered tensors on several devices ({listed}); use one StateCache "
-                    "per device, or pass device= to cache only one of them"
+                    f"tensor {name!r} of job {self.job_id!r} uses external memory (not resizable), so its "
+                    "device memory cannot be released; register a tensor that owns its storage (clone it)"
                 )
-            self._device = next(iter(devices), torch.device("cpu"))
-            return self._collect() if len(devices) == 1 else list(found.values())
+            found[storage.data_ptr()] = _Entry(name, storage, storage.nbytes())
         return list(found.values())
 
     def _ensure_capacity(self, nbytes: int) -> None:
@@ -559,6 +554,80 @@ class StateCache:
         # One wait at the end: offload must finish before storages are freed, reload before the phase runs.
         for stream in self._streams:
             stream.synchronize()
+
+
+_INDEXLESS = frozenset({"cpu", "meta"})
+"""Device types whose tensors report no index: ``torch.device("cpu")`` already equals a CPU tensor's device."""
+
+
+def canonical_device(device: str | torch.device, current_index: Callable[[str], int] | None = None) -> torch.device:
+    """The device as its tensors report it: ``cuda`` becomes ``cuda:<current device>``.
+
+    A tensor on a GPU always carries an index (``cuda:0``) and ``torch.device("cuda") != cuda:0``, so a
+    cache built with an index-less device would match none of its tensors and free nothing.
+
+    Args:
+        device: a device or its name.
+        current_index: device type -> index of the current device (default: ``torch.<type>.current_device``).
+
+    Returns:
+        The device with an index (CPU and meta devices unchanged).
+    """
+    d = _torch().device(device)
+    if d.index is not None or d.type in _INDEXLESS:
+        return d
+    index = (current_index or _current_index)(d.type)
+    return _torch().device(d.type, index)
+
+
+def _current_index(device_type: str) -> int:
+    return int(getattr(_torch(), device_type).current_device())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorPlacement:
+    """Where one registered tensor lives, as :func:`choose_device` sees it."""
+
+    name: str  # registered name (for messages)
+    device: Any  # torch.device the tensor is on (with its index on a GPU)
+    scalar: bool  # at most one element, e.g. Adam's ``step`` counter
+
+
+def choose_device(placements: Iterable[TensorPlacement], owner: str = "the cache") -> torch.device:
+    """The device a cache built without ``device=`` caches: the one accelerator its tensors are on.
+
+    Optimizers keep scalars on the host beside GPU state (``torch.optim.Adam``'s ``step`` is a CPU
+    tensor unless ``capturable`` or ``fused``): such CPU scalars hold no device memory and stay where
+    they are. Any other CPU tensor beside GPU state, or tensors on two accelerators, is ambiguous.
+
+    Args:
+        placements: every registered tensor's device.
+        owner: names the cache in the error (e.g. ``"job 'job-7'"``).
+
+    Returns:
+        The accelerator device, or the CPU when no tensor is on an accelerator.
+
+    Raises:
+        RegistrationError: tensors on two accelerators, or a non-scalar CPU tensor beside GPU state.
+    """
+    torch = _torch()
+    first: dict[Any, str] = {}
+    host: list[str] = []
+    for p in placements:
+        if p.device.type == "cpu":
+            if not p.scalar:
+                host.append(p.name)
+            continue
+        first.setdefault(p.device, p.name)
+    if not first:
+        return torch.device("cpu")
+    if len(first) > 1 or host:
+        listed = ", ".join([f"{n!r} on {d}" for d, n in first.items()] + [f"{n!r} on cpu" for n in host[:1]])
+        raise RegistrationError(
+            f"{owner} registered tensors on several devices ({listed}); use one StateCache per device, or pass "
+            "device= to cache only one of them"
+        )
+    return next(iter(first))
 
 
 def _byte_view(storage: Any, nbytes: int, device: Any) -> torch.Tensor:

@@ -1,15 +1,30 @@
 """Two-stage weight sync: stage 1 scatters disjoint shards across the cut, stage 2 all-gathers them.
 
-Pipelining: a rollout rank keeps the stage-1 receives of the next ``depth`` buckets posted while the
-stage-2 all-gather of the current bucket runs on the rollout-only group, so stage 2 of bucket k
-overlaps stage 1 of bucket k+1 (two communicators progress independently, on gloo threads or on
-NCCL streams). Unpacking into parameters runs one bucket behind, on its own CUDA stream on GPUs.
+A rollout rank drives two communicators: stage 1's point-to-point receives on the world group and
+stage 2's all-gather on the rollout-only group. The order of their operations is data
+(:func:`receive_schedule`), and one of two disciplines applies:
+
+* **gloo (overlapped)**: the receives of the next ``depth`` buckets stay posted while bucket k is
+  gathered, so stage 2 of bucket k overlaps stage 1 of bucket k+1 (gloo progresses each group on its
+  own threads, and a blocked operation of one group never stops the other's).
+* **NCCL (ordered)**: at most one communicator has work outstanding at any time. NCCL does not
+  guarantee progress for kernels of two communicators that run concurrently on one device (each can
+  occupy the GPU while waiting for peers that wait for the other), so a bucket's receives complete
+  before its all-gather starts, and the all-gather completes before the next bucket's receives are
+  posted. "Complete" is a stream order, not a host wait: ``work.wait()`` makes the current CUDA stream
+  wait for the communicator's stream, and the next operation's stream waits for the current one. Every
+  rollout rank follows the same schedule, so the order is the same on all of them. The overlap is lost
+  on the rollout side; the trainers still keep ``depth`` buckets of sends in flight.
+
+Unpacking into parameters runs one bucket behind (gloo) or right after the gather (NCCL), on its own
+CUDA stream on GPUs.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from rollmux.sync_plugin.api import BucketPlan, TransferPlan
@@ -59,6 +74,51 @@ def send_stream(
         wait_all(in_flight.popleft()[1])
 
 
+class Step(str, Enum):
+    """One operation of a rollout rank's receive schedule (see :func:`receive_schedule`)."""
+
+    RECV = "recv"  # post bucket k's stage-1 receives (world group)
+    WAIT_RECV = "wait_recv"  # wait for them
+    GATHER = "gather"  # start bucket k's stage-2 all-gather (rollout group)
+    WAIT_GATHER = "wait_gather"  # wait for it
+    UNPACK = "unpack"  # copy the gathered bucket into the parameters (waits for the gather itself)
+
+
+def ordered_communicators(backend: str) -> bool:
+    """Whether stage 1 and stage 2 must not have work outstanding at the same time (NCCL: yes)."""
+    return backend == "nccl"
+
+
+def receive_schedule(n_buckets: int, depth: int, *, ordered: bool) -> list[tuple[Step, int]]:
+    """The order of a rollout rank's operations over ``n_buckets`` buckets. Pure.
+
+    Args:
+        n_buckets: buckets of the plan.
+        depth: stage-1 buckets kept posted ahead of the bucket being gathered (overlapped mode).
+        ordered: one communicator at a time (NCCL), else overlapped (gloo).
+
+    Returns:
+        (step, bucket) pairs; every bucket gets each step exactly once, RECV before WAIT_RECV before
+        GATHER before UNPACK.
+    """
+    out: list[tuple[Step, int]] = []
+    if ordered:
+        for k in range(n_buckets):
+            out += [(Step.RECV, k), (Step.WAIT_RECV, k), (Step.GATHER, k), (Step.WAIT_GATHER, k), (Step.UNPACK, k)]
+        return out
+    depth = max(1, depth)
+    out += [(Step.RECV, k) for k in range(min(depth, n_buckets))]
+    for k in range(n_buckets):
+        if k + depth < n_buckets:
+            out.append((Step.RECV, k + depth))
+        out += [(Step.WAIT_RECV, k), (Step.GATHER, k)]
+        if k > 0:
+            out.append((Step.UNPACK, k - 1))
+    if n_buckets:
+        out.append((Step.UNPACK, n_buckets - 1))
+    return out
+
+
 def receive_into(
     views: Sequence[torch.Tensor], plan: TransferPlan, groups: SyncGroups, rollout: int, depth: int = 2
 ) -> None:
@@ -69,30 +129,34 @@ def receive_into(
         plan: the two-stage plan.
         groups: communicators (stage 2 uses ``groups.rollout``).
         rollout: this rank's index into ``plan.topology.rollout_ranks``.
-        depth: stage-1 buckets kept posted ahead of the bucket being gathered.
+        depth: stage-1 buckets kept posted ahead of the bucket being gathered (gloo only).
     """
     device = device_of(views, groups.backend)
     buckets = plan.buckets
-    recvs = deque(_post_recv(b, plan, rollout, device) for b in buckets[:depth])
-    gathers: deque[tuple[BucketPlan, torch.Tensor, Any, torch.Tensor]] = deque()
+    schedule = receive_schedule(len(buckets), depth, ordered=ordered_communicators(groups.backend))
+    recvs: dict[int, tuple[torch.Tensor, list[Any]]] = {}
+    gathers: dict[int, tuple[torch.Tensor, Any]] = {}
     unpacker = _Unpacker(device)
-    for k in range(len(buckets)):
-        b, piece, works = recvs.popleft()
-        if k + depth < len(buckets):
-            recvs.append(_post_recv(buckets[k + depth], plan, rollout, device))
-        wait_all(works)
-        out, work = _all_gather(piece, groups)
-        gathers.append((b, out, work, piece))
-        if len(gathers) > 1:
-            unpacker.finish(*gathers.popleft()[:3], views)
-    while gathers:
-        unpacker.finish(*gathers.popleft()[:3], views)
+    for step, k in schedule:
+        if step is Step.RECV:
+            recvs[k] = _post_recv(buckets[k], plan, rollout, device)
+        elif step is Step.WAIT_RECV:
+            wait_all(recvs[k][1])
+        elif step is Step.GATHER:
+            gathers[k] = _all_gather(recvs.pop(k)[0], groups)
+        elif step is Step.WAIT_GATHER:
+            out, work = gathers[k]
+            if work is not None:
+                work.wait()
+            gathers[k] = (out, None)
+        else:
+            unpacker.finish(buckets[k], *gathers.pop(k), views)
     unpacker.close()
 
 
 def _post_recv(
     b: BucketPlan, plan: TransferPlan, rollout: int, device: torch.device
-) -> tuple[BucketPlan, torch.Tensor, list[Any]]:
+) -> tuple[torch.Tensor, list[Any]]:
     import torch
 
     piece = torch.empty(b.piece_bytes, dtype=torch.uint8, device=device)
@@ -102,7 +166,7 @@ def _post_recv(
         for t in b.transfers
         if t.rollout == rollout
     ]
-    return b, piece, post(ops)
+    return piece, post(ops)
 
 
 def _all_gather(piece: torch.Tensor, groups: SyncGroups) -> tuple[torch.Tensor, Any]:
@@ -142,6 +206,7 @@ class _Unpacker:
             unpack(out, b.placements, views)
             return
         assert self._stream is not None
+        self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))  # receives waited there
         with torch.cuda.stream(self._stream):
             if work is not None:
                 work.wait()  # makes the side stream wait for the collective

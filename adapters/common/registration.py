@@ -33,9 +33,10 @@ from rollmux.adapters.common.api import AdapterError
 from rollmux.model import MAX_PHASE_S
 from rollmux.sidecar import env
 
-PROPAGATED = (env.SIDECAR_SOCKET, env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET,
-              adapter_env.SLO)
-"""Non-secret variables copied from the driver into every Ray actor of the job (when set)."""
+PROPAGATED = (env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET, adapter_env.SLO)
+"""Non-secret variables copied from the driver into every Ray actor of the job (when set). Never
+``ROLLMUX_SIDECAR_SOCKET``: each node's processes name their own node's sidecar (the platform sets it
+in every pod or raylet of the node); a runtime environment would send every worker to the driver's."""
 
 TOKEN_KV_NAMESPACE = "rollmux"
 """Namespace of the job token in the job's Ray GCS key-value store (key: ``job-token/<job>``)."""

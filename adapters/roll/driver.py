@@ -108,7 +108,7 @@ def progress_log(pipeline: Any) -> list[tuple[int, int, str | None]] | None:
 def worker_env() -> dict[str, str]:
     """Non-secret variables every Ray worker of the job gets (the opt-in, so the worker-side hooks
     load there too). The job token goes only to the gate actors, as an argument."""
-    return {k: os.environ[k] for k in PROPAGATED if os.environ.get(k)}
+    return {k: os.environ[k] for k in (env.SIDECAR_SOCKET, *PROPAGATED) if os.environ.get(k)}
 
 
 def wrap_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -37,11 +37,14 @@ class PoolGate:
                  deployment: str) -> None:
         from rollmux.sidecar import shim
 
-        self._shim = shim
+        self._shim, self._job = shim, job
         shim.init(socket=socket, job=job, job_token=token, rank=rank, permit_timeout_s=permit_timeout_s,
                   deployment=deployment)
         self._ctx: Any = None
         self._phase: str | None = None  # the phase whose permit this gate holds
+        self._nodes: tuple[str, ...] = ()  # the nodes that permit covers
+        self._iteration = -1  # the held phase's iteration
+        self._withheld = -1  # the last rollout iteration whose progress was withheld (recorded once each)
         self.reports: list[tuple[int, int, str | None]] = []
         """Every progress report the sidecar answered: (finished, total, phase held when reported)."""
 
@@ -49,13 +52,14 @@ class PoolGate:
         """Block until the job's permit for (phase, iteration) on this node is granted."""
         ctx = self._shim.phase(phase, iteration=iteration)
         held = ctx.__enter__()
-        self._ctx, self._phase = ctx, phase
+        self._ctx, self._phase, self._iteration = ctx, phase, iteration
         lease = held.lease if held is not None else None
+        self._nodes = () if lease is None else tuple(lease.nodes)
         return {} if lease is None else dataclasses.asdict(lease)
 
     def exit(self) -> None:
         """Release the held permit (reporting the phase's duration)."""
-        ctx, self._ctx, self._phase = self._ctx, None, None
+        ctx, self._ctx, self._phase, self._nodes = self._ctx, None, None, ()
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
@@ -72,13 +76,26 @@ class PoolGate:
         return out
 
     def progress(self, finished: int, total: int) -> dict[str, Any] | None:
-        """Rollout progress; returns the coordinator's migration directive, if any."""
+        """Rollout progress; returns the coordinator's migration directive, if any.
+
+        Withheld while the rollout permit covers two or more nodes: the coordinator migrates such a
+        rollout and frees the released nodes as it answers, and ROLL cannot move a rollout's requests
+        off them mid-step (docs/roll.md), so another job would be granted nodes on which this one still
+        generates. Its nodes come free at the rollout's end (recorded once per rollout as
+        ``progress_withheld``), as the veRL adapter does."""
+        if len(self._nodes) > 1:
+            if self._withheld != self._iteration:
+                from rollmux.adapters.common.relocation import record
+
+                self._withheld = self._iteration
+                record("progress_withheld", job=self._job, iteration=self._iteration, nodes=list(self._nodes))
+            return None
         m = self._shim.runtime_hook(finished, total)
         self.reports.append((finished, total, self._phase))
         if m is None:
             return None
-        # The coordinator only migrates a rollout holding two or more nodes; a ROLL job's gate holds one
-        # node per pool, and ROLL cannot move a rollout's requests between nodes mid-step (docs/roll.md).
+        # The coordinator only migrates a rollout holding two or more nodes, whose progress is withheld
+        # above: a directive here is not expected; ROLL cannot move a rollout's requests mid-step.
         log.warning("rollmux: migration directive for job %s epoch %s (keep %s, release %s) not followed: the ROLL "
                     "adapter finishes the rollout where it runs", m.job, m.epoch, list(m.keep_nodes),
                     list(m.release_nodes))

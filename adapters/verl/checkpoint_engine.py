@@ -18,6 +18,12 @@ The sync world (actor ranks ``0..T-1``, rollout ranks ``T..T+R-1``) and the wind
 ``rollmux.sync_plugin.stream``'s, shared with the ROLL adapter; the world is kept across steps while
 the membership is unchanged.
 
+Co-located jobs are refused before any transfer: under NCCL each worker reports its GPU (node and
+device UUID) in ``prepare`` and ``build_topology`` refuses two ranks on one GPU, which NCCL cannot
+connect (a hybrid-engine job's trainer and rollout share GPUs; veRL's ``naive`` backend updates such
+replicas in place). The driver refuses the backend for a co-located config even earlier
+(``sync_backend.choose_default``).
+
 Engine options (``...checkpoint_engine.engine_kwargs.rollmux.<key>``): ``transport`` (``auto``:
 NCCL when CUDA is available, else gloo; ``gloo`` on a GPU host stages through pinned host buffers),
 ``sync_bucket_megabytes`` (stage-1 bucket, default 64), ``depth`` (buckets in flight, default 3),
@@ -97,7 +103,8 @@ class RollMuxCheckpointEngine(CheckpointEngine):
             master = {"host": self._host, "port": int(self._store.port)}
         w = self._stream.world if self._stream is not None else None
         return {"world": None if w is None or self.rebuild_group else w.id, "rank": -1 if w is None else w.rank,
-                "size": 0 if w is None else w.size, "trainers": self.n_trainers, "master": master}
+                "size": 0 if w is None else w.size, "trainers": self.n_trainers, "master": master,
+                "gpu": _gpu_identity() if self.backend == "nccl" else None}
 
     @classmethod
     def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int,
@@ -105,12 +112,14 @@ class RollMuxCheckpointEngine(CheckpointEngine):
         """Every actor rank sends (ranks ``0..T-1``); rollout ranks are ``T..T+R-1``.
 
         Raises:
-            CheckpointEngineConfigError: actor rank 0 reported no store, or a side is empty.
+            CheckpointEngineConfigError: actor rank 0 reported no store, a side is empty, or two ranks
+                share a GPU under NCCL (a co-located job).
         """
         t, r = int(actor_wg_world_size), int(rollout_world_size)
         if t < 1 or r < 1:
             raise CheckpointEngineConfigError(
                 f"the rollmux backend needs at least one actor and one rollout worker, got {t} and {r}")
+        _refuse_shared_gpus(metadata)
         master = metadata[0].get("master") if metadata and isinstance(metadata[0], dict) else None
         if master is None:
             raise CheckpointEngineConfigError(
@@ -213,6 +222,35 @@ def _positive(field: str, value: Any, *, number: bool = False) -> None:
     kinds = (int, float) if number else (int,)
     if not isinstance(value, kinds) or isinstance(value, bool) or not value > 0:
         raise CheckpointEngineConfigError(f"{field}={value!r} must be a positive {'number' if number else 'integer'}")
+
+
+def shared_gpus(metadata: list[dict]) -> dict[str, list[int]]:
+    """GPUs that more than one sync rank reported (``prepare``'s ``gpu``), with the ranks on each. Pure."""
+    ranks: dict[str, list[int]] = {}
+    for i, m in enumerate(metadata):
+        gpu = m.get("gpu") if isinstance(m, dict) else None
+        if gpu:
+            ranks.setdefault(str(gpu), []).append(i)
+    return {gpu: rs for gpu, rs in ranks.items() if len(rs) > 1}
+
+
+def _refuse_shared_gpus(metadata: list[dict]) -> None:
+    shared = shared_gpus(metadata)
+    if shared:
+        listed = "; ".join(f"ranks {rs} on GPU {gpu}" for gpu, rs in shared.items())
+        raise CheckpointEngineConfigError(
+            f"the rollmux checkpoint-engine backend over NCCL found several sync ranks on one GPU ({listed}): "
+            "the job is co-located (trainer and rollout share GPUs) and NCCL cannot connect two ranks on one "
+            "GPU. Use veRL's 'naive' backend for a co-located job (it updates the replicas in place), or set "
+            f"{OPTION_PREFIX}.transport=gloo")
+
+
+def _gpu_identity() -> str | None:
+    """This worker's GPU as ``<node>/<device uuid>`` (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return f"{_node_ip()}/{getattr(props, 'uuid', torch.cuda.current_device())}"
 
 
 def _node_ip() -> str:

@@ -158,6 +158,8 @@ def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
 
     r.finished = True  # no more gates in this process; the job stays registered
     try:
+        if r.own_gate is not None:  # the GPU ranks detach cleanly too (a dropped rank would deregister the job)
+            r.own_gate.detach()
         if r.rollout_rank is not None:
             r.rollout_rank.close()
     finally:

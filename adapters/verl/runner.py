@@ -4,7 +4,9 @@ TaskRunner actor), its permit gates, offload between phases and rollout progress
 Created lazily at the first phase boundary the trainer crosses (``CheckpointEngineManager`` and the
 trainer methods are only called in that process), it attaches this process to the node sidecar as
 rank 0 of the job, from the variables the driver put into the job's runtime environment and the
-token it published in the job's Ray instance. The
+token it published in the job's Ray instance. Every phase is also entered by each of the job's GPU
+processes on its own node (``rollmux.adapters.common.ranks``: the phase starts once every node's
+permit was granted to the ranks there, and ends once they all released). The
 rollout phase of a disaggregated job is gated on the rollout pool's sidecar through a second rank
 when ``ROLLMUX_ROLLOUT_SIDECAR_SOCKET`` names one; a co-located job (veRL's hybrid engine) asks for
 every permit, Rollout included, on its training node (``ROLLMUX_DEPLOYMENT``).
@@ -23,6 +25,7 @@ from typing import Any
 from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.phases import PhaseRecord
+from rollmux.adapters.common.ranks import RanksGate
 from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.adapters.common.relocation import record  # also `runner.record` for the plugin and targets
 from rollmux.adapters.verl import relocation
@@ -85,8 +88,9 @@ class Runner:
     job: str
     tracker: PhaseTracker
     own: ShimGate
+    own_gate: RanksGate | None = None  # own rank + the job's ranks on their nodes (set by _start)
     rollout_rank: Any = None  # shim.RankHandle on the rollout pool's sidecar, or None
-    rollout_gate: RankGate | None = None  # the gate over rollout_rank (made at its first use)
+    rollout_gate: RanksGate | RankGate | None = None  # the gate over rollout_rank (made at its first use)
     trainer: Any = None  # the veRL trainer, seen at its first train boundary
     offload_s: list[float] = field(default_factory=list)  # measured worker `to("cpu")` times
     reload_s: list[float] = field(default_factory=list)  # measured worker `to("device")` times
@@ -97,12 +101,16 @@ class Runner:
     resumed: int | None = None  # restarted after a relocation: the iteration it resumes at (relocation.py)
     finished: bool = False
 
-    def gate_for(self, phase: str) -> ShimGate | RankGate:
+    def gate_for(self, phase: str) -> RanksGate | RankGate | ShimGate:
+        """The phase's gate: this process's own rank on the phase's pool, with every GPU process of the
+        job entering the phase on its own node (``rollmux.adapters.common.ranks``)."""
         if phase == "rollout" and self.rollout_rank is not None:
             if self.rollout_gate is None:  # one gate, so that the permit it holds can be looked at
-                self.rollout_gate = RankGate(self.rollout_rank)
+                ranks, gate = self.own_gate, RankGate(self.rollout_rank)
+                self.rollout_gate = gate if ranks is None else RanksGate(
+                    job=self.job, inner=gate, timeout_s=ranks.timeout_s, board=ranks.board)
             return self.rollout_gate
-        return self.own
+        return self.own_gate if self.own_gate is not None else self.own
 
     def progress(self, finished: int, total: int) -> None:
         """Report the open rollout's progress (``finished`` of ``total`` responses) to the coordinator.
@@ -185,6 +193,8 @@ class Runner:
         try:
             self.tracker.end()
         finally:
+            if self.own_gate is not None:
+                self.own_gate.detach()  # the job's ranks leave their sidecars before the job deregisters
             if self.rollout_rank is not None:
                 self.rollout_rank.close()
             shim.shutdown(job_done=True)
@@ -235,6 +245,7 @@ def _start() -> Runner:
                                 event_log=os.environ.get(env.EVENT_LOG) or None)
     own = ShimGate()
     r = Runner(job=job, tracker=PhaseTracker(gate_for=lambda phase: own), own=own, rollout_rank=rank)
+    r.own_gate = RanksGate(job=job, inner=own, timeout_s=float(os.environ.get(env.PERMIT_TIMEOUT_S) or 600.0))
     r.tracker.gate_for = r.gate_for
     r.tracker.on_enter, r.tracker.on_exit, r.tracker.on_closed = r.on_enter, r.on_exit, r.on_closed
     r.tracker.before_begin = r.before_begin

@@ -6,7 +6,9 @@ entry point, which runs while ``verl`` is half-imported. A job that is not opted
 the backend through veRL's own ``checkpoint_engine.custom_backend_module`` option.
 
 Opted in, the backend is the default for disaggregated jobs (:func:`choose_default`): veRL's own
-default, ``naive``, only updates colocated (hybrid-engine) replicas in process.
+default, ``naive``, only updates colocated (hybrid-engine) replicas in process. Chosen for a colocated
+job, it is refused before the job starts: its trainer and rollout ranks share GPUs, and NCCL cannot
+connect two ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from rollmux.adapters.common import hooks
+from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.verl import spec as verl_spec
 
 log = logging.getLogger(__name__)
@@ -39,11 +42,21 @@ def _register(module: ModuleType) -> None:
 def choose_default(config: Any) -> str | None:
     """Select the ``rollmux`` backend for a disaggregated job left on veRL's default; returns the
     backend the job uses (None: the config has no checkpoint-engine section). A backend the user
-    chose (nccl, nixl, ...) and every colocated job are left as they are."""
+    chose (nccl, nixl, ...) is left as it is, and so is veRL's default for a colocated job.
+
+    Raises:
+        AdapterError: the ``rollmux`` backend was chosen for a colocated (hybrid-engine) job.
+    """
     engine = verl_spec.get(config, "actor_rollout_ref.rollout.checkpoint_engine")
     if engine is None:
         return None
     backend = verl_spec.get(engine, "backend") or VERL_DEFAULT
+    if backend == BACKEND and not verl_spec.disaggregated(config):
+        raise AdapterError(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={BACKEND} on a colocated job (hybrid engine: "
+            "trainer and rollout share GPUs, and NCCL cannot connect two ranks on one GPU); use "
+            f"backend={VERL_DEFAULT} (veRL's in-place update), or run the job disaggregated "
+            "(trainer.v1.trainer_mode=separate_async with actor_rollout_ref.rollout.nnodes > 0)")
     if backend == VERL_DEFAULT and verl_spec.disaggregated(config):
         engine["backend"] = backend = BACKEND
         log.warning("RollMux: disaggregated job: actor_rollout_ref.rollout.checkpoint_engine.backend=%s "

@@ -27,6 +27,10 @@ actor updates (both trainers)                  the offload between phases)
 ``PPOTrainer.fit`` / ``RayPPOTrainer.fit``     the open phase ends (an open rollout after its
                                                replicas' requests are aborted), the job deregisters
 ``constants_ppo.get_ppo_ray_runtime_env``      (driver) registration + runtime environment
+``Worker.__init__`` (every worker-group actor:  the process attaches as a rank on its own node's
+FSDP actor / rollout / ref / critic),          sidecar and follows the job's phases there
+``vLLMHttpServer.__init__``,                   (``rollmux.adapters.common.ranks``; once per process)
+``SGLangHttpServer.__init__``
 =============================================  =====================================================
 """
 
@@ -37,7 +41,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rollmux.adapters.common import PatchTarget, begins, ends
+from rollmux.adapters.common import PatchTarget, begins, ends, ranks
 from rollmux.adapters.common.phases import around
 from rollmux.adapters.verl import driver, relocation, runner
 from rollmux.sidecar import env
@@ -51,6 +55,10 @@ V0 = "verl.trainer.ppo.ray_trainer"
 AGENT = "verl.experimental.agent_loop.agent_loop"
 AGENT_TQ = "verl.trainer.ppo.v1.agent_loop_tq"
 REPLAY = "verl.trainer.ppo.v1.replay_buffer"
+WORKER = "verl.single_controller.base.worker"
+SERVERS = (("verl.workers.rollout.vllm_rollout.vllm_async_server", "vLLMHttpServer"),
+           ("verl.workers.rollout.sglang_rollout.async_sglang_server", "SGLangHttpServer"))
+"""Rollout server actors that hold GPU memory on their node (imported only where that engine is installed)."""
 TRAIN_METHODS = ("_compute_reward_colocate", "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values",
                  "_update_critic", "_update_actor")
 
@@ -125,6 +133,13 @@ def _tracker() -> Any:
     return runner.tracker()
 
 
+def _attach_rank(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """After a GPU process's constructor: attach it as a rank on its node's sidecar (once per process)."""
+    result = wrapped(*args, **kwargs)
+    ranks.attach_here(type(instance).__name__)
+    return result
+
+
 def targets() -> list[PatchTarget]:
     """Every target, in both trainers."""
     out = [
@@ -146,6 +161,9 @@ def targets() -> list[PatchTarget]:
         PatchTarget(module=AGENT_TQ, attribute="AgentLoopManagerTQ.generate_sequences",
                     wrapper=begins(_tracker, "rollout")),
         PatchTarget(module=REPLAY, attribute="ReplayBuffer._wait_for_next_poll", wrapper=_progress),
+        PatchTarget(module=WORKER, attribute="Worker.__init__", wrapper=_attach_rank),
+        *(PatchTarget(module=m, attribute=f"{cls}.__init__", wrapper=_attach_rank, required=False)
+          for m, cls in SERVERS),
     ]
     for module, cls in ((V1, "PPOTrainer"), (V0, "RayPPOTrainer")):
         out += [PatchTarget(module=module, attribute=f"{cls}.{m}", wrapper=_train) for m in TRAIN_METHODS]

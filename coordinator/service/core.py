@@ -256,7 +256,7 @@ class Coordinator:
         it starts), but jobs that start together learn together: at 2,000 jobs planned at once the
         searches took the loop for seconds and grants timed out. So the planner spends at most
         REPLAN_SHARE of the loop's time: after a search of d seconds it waits d / REPLAN_SHARE
-        (at least REPLAN_INTERVAL_S) before the next. Departures still plan at once (`Relocations._departed`).
+        (at least REPLAN_INTERVAL_S) before the next. Departures still plan at once (`Relocations.departed`).
         """
         wait_s = REPLAN_INTERVAL_S
         while True:

@@ -134,6 +134,8 @@ class LocalCluster:
         fill_saturated: let the placement policy pack into a saturated group while every SLO holds
             (the demo packs three jobs onto one node per pool).
         lease_ttl_s: run-permit lease TTL.
+        sidecar_flags: extra ``rollmux sidecar`` flags of both sidecars (default: NVML off; the GPU check
+            turns it on, or points the memory check at its stand-in directory).
         redis_url: keep the coordinator's state in this Redis (None: the embedded store).
         secret: the coordinator's bootstrap secret (None: node and operator calls are open). Set, it is
             written to ``workdir/secret`` (mode 0600) and each sidecar reads it with ``--secret-file``
@@ -141,8 +143,10 @@ class LocalCluster:
     """
 
     def __init__(self, workdir: Path, *, pools: Pools | None = None, fill_saturated: bool = False,
-                 lease_ttl_s: float = 10.0, redis_url: str | None = None, secret: str | None = None) -> None:
+                 lease_ttl_s: float = 10.0, redis_url: str | None = None, secret: str | None = None,
+                 sidecar_flags: Sequence[str] = ("--no-nvml",)) -> None:
         self.dir, self.pools, self.redis_url, self.secret = workdir.resolve(), pools or Pools(), redis_url, secret
+        self.sidecar_flags = tuple(sidecar_flags)
         self.fill_saturated, self.lease_ttl_s = fill_saturated, lease_ttl_s
         self.procs = Procs(cwd=self.dir)
         self.server: Any = None
@@ -181,7 +185,7 @@ class LocalCluster:
             path = str(sock_dir / f"{pool}.sock")
             ready = self.dir / f"{node}.ready"
             self.procs.spawn(node, ["-m", "rollmux", "sidecar", "--coordinator", self.server.address,
-                                    "--node-id", node, "--pool", pool, "--socket", path, "--no-nvml",
+                                    "--node-id", node, "--pool", pool, "--socket", path, *self.sidecar_flags,
                                     "--event-log", str(self.node_events), "--ready-file", str(ready), *auth_flags],
                              log=self.dir / f"{node}.log", cpus={cpu})
             self.sockets[pool] = path

@@ -169,9 +169,24 @@ def cpu_share(all_spans: Sequence[Span], window: tuple[float, float]) -> float:
     return sum(s.body_cpu_s for s in inside) / wall if wall > 0 else float("nan")
 
 
-def gantt(records: Iterable[dict[str, Any]], path: Path, *, title: str, zoom_s: float = 8.0) -> Path:
-    """Two panels: the whole run, and a `zoom_s` slice of the steady window; one row per pool."""
-    import matplotlib
+PLOTS_HINT = "not drawn, matplotlib is not installed (pip install matplotlib draws it)"
+"""What the demo prints instead of the picture's path when matplotlib is missing (no square brackets:
+the demo prints through rich, which reads them as markup)."""
+
+
+def gantt(records: Iterable[dict[str, Any]], path: Path, *, title: str, zoom_s: float = 8.0) -> Path | str:
+    """Two panels: the whole run, and a `zoom_s` slice of the steady window; one row per pool.
+
+    Returns:
+        The PNG's path; without matplotlib (the ``plots`` extra, not a base dependency, so a slim
+        install stays slim) no picture and :data:`PLOTS_HINT`, which the demo prints in its place.
+    """
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        return PLOTS_HINT
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,7 +18,7 @@ from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Pool
 from rollmux.ports import free_port  # noqa: F401 - the tests here import it from here
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
-from rollmux.sidecar.gpu import NoGpuProvider
+from rollmux.sidecar.gpu import GpuProvider, NoGpuProvider
 from rollmux.sidecar.server import serve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,10 +54,10 @@ class Node:
 def make_node(coordinator: ThreadedServer, sockdir: Path) -> Iterator:
     nodes: list[Node] = []
 
-    def make(node_id: str, pool: Pool) -> Node:
-        agent = NodeAgent(AgentConfig(node_id=node_id, pool=pool, heartbeat_s=0.2),
+    def make(node_id: str, pool: Pool, *, gpu: GpuProvider | None = None, memory_wait_s: float = 30.0) -> Node:
+        agent = NodeAgent(AgentConfig(node_id=node_id, pool=pool, heartbeat_s=0.2, memory_wait_s=memory_wait_s),
                           CoordinatorClient(coordinator.address, retry_s=5.0),
-                          NoGpuProvider("H20" if pool is Pool.ROLLOUT else "H800", 1)).start()
+                          gpu or NoGpuProvider("H20" if pool is Pool.ROLLOUT else "H800", 1)).start()
         assert agent.wait_connected(30)
         path = str(sockdir / f"{node_id}.sock")
         node = Node(agent, serve(agent, path), path)

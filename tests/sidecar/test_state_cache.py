@@ -13,6 +13,9 @@ from rollmux.sidecar.state_cache import (
     StateCache,
     StateCacheConfig,
     StateCacheError,
+    TensorPlacement,
+    canonical_device,
+    choose_device,
     plan_segments,
 )
 
@@ -246,8 +249,90 @@ def test_failed_copy_rolls_back_to_resident_with_data_intact() -> None:
     assert torch.equal(owned, torch.arange(10.0))
 
 
+@pytest.mark.parametrize(("given", "expected"), [
+    ("cuda", "cuda:3"),  # no index: the current device's (3 here), as a tensor on it reports
+    ("cuda:1", "cuda:1"),
+    ("cpu", "cpu"),
+    ("meta", "meta"),
+], ids=["cuda-gets-current-index", "explicit-index-kept", "cpu", "meta"])
+def test_canonical_device_names_the_index_tensors_report(given: str, expected: str) -> None:
+    assert canonical_device(given, current_index=lambda kind: 3) == torch.device(expected)
+
+
+def _placed(*items: tuple[str, str, bool]) -> list[TensorPlacement]:
+    return [TensorPlacement(name=n, device=torch.device(d), scalar=s) for n, d, s in items]
+
+
+@pytest.mark.parametrize(("placements", "expected"), [
+    (_placed(("w", "cuda:0", False), ("adam.0.step", "cpu", True)), "cuda:0"),  # CPU Adam step beside GPU state
+    (_placed(("w", "cuda:1", False), ("b", "cuda:1", True)), "cuda:1"),
+    (_placed(("w", "cpu", False), ("adam.0.step", "cpu", True)), "cpu"),
+    (_placed(), "cpu"),
+], ids=["gpu-module-cpu-adam-step", "one-gpu", "cpu-only", "nothing-registered"])
+def test_choose_device_leaves_cpu_optimizer_scalars_beside_gpu_state(placements, expected) -> None:
+    assert choose_device(placements) == torch.device(expected)
+
+
+@pytest.mark.parametrize("placements", [
+    _placed(("w", "cuda:0", False), ("v", "cuda:1", False)),
+    _placed(("w", "cuda:0", False), ("host_copy", "cpu", False)),
+], ids=["two-gpus", "gpu-and-cpu-tensor"])
+def test_choose_device_refuses_ambiguous_state(placements) -> None:
+    with pytest.raises(RegistrationError, match="several devices"):
+        choose_device(placements, owner="job 'j'")
+
+
+def test_cpu_cache_without_device_still_caches_adam_step() -> None:
+    model, opt = _model_and_adam()
+    cache = StateCache("job")
+    cache.register_module("m", model)
+    cache.register_optimizer("adam", opt)
+    steps = [st["step"] for st in opt.state.values()]
+    cache.offload()
+    assert all(s.untyped_storage().nbytes() == 0 for s in steps)  # on CPU the step is state like any other
+    cache.reload()
+    assert all(float(s) == 1.0 for s in steps)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
+def test_gpu_cache_built_with_bare_cuda_frees_the_modules_memory() -> None:
+    model = torch.nn.Linear(1024, 1024).to("cuda:0")
+    cache = StateCache("job", device="cuda")  # no index, as benchmarks/state_cache.py passes it
+    cache.register_module("m", model)
+    before = cache.device_bytes()
+    assert before >= 1024 * 1024 * 4
+    stats = cache.offload()
+    assert stats.nbytes == before and cache.device_bytes() == 0
+    cache.reload()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_module_with_adam_offloads_after_a_step_without_device() -> None:
+    model = torch.nn.Linear(256, 256).to("cuda")
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 256, device="cuda")).sum().backward()
+    opt.step()
+    assert all(st["step"].device.type == "cpu" for st in opt.state.values())
+    cache = StateCache("job")  # as the shim builds it
+    cache.register_module("m", model)
+    cache.register_optimizer("adam", opt)
+    weight = model.weight.detach().clone()
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    cache.offload()
+    assert torch.cuda.memory_allocated() < allocated
+    cache.reload()
+    assert torch.equal(model.weight, weight)
+    opt.step()  # the CPU step counters were left in place and still work
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_gpu_round_trip_frees_device_memory_and_pins() -> None:
     tensors = _mixed_tensors("cuda")
     big = torch.randn(64 << 20, device="cuda")  # 256 MiB

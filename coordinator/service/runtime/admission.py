@@ -3,6 +3,12 @@
 Admission has no head-of-line blocking: every pending job the free nodes can host is admitted, in
 arrival order, and one that must wait never holds back a later one that fits. A spec that no set
 of nodes could ever hold is refused at registration, naming the limit.
+
+Owns: the job records (`state.jobs`, ``job/<name>``: registration, admission, re-attachment,
+removal; a relocation's `moves` count is the relocation part's), the placement's membership and the
+stored groups (``group/<gid>``; `place` and `unplace` serve relocation too), and `meta.seq`. Calls
+Leases (a job's first permit, its cancellation, granting), GrantQueues (turns a leaving job
+passes on), PhaseLearning (a member joined) and Directives (re-attachment after a switch).
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from rollmux.coordinator.service.api import (
     InvalidArgumentError,
     JobState,
     NodeState,
-    PermitState,
 )
-from rollmux.coordinator.service.records import GroupRecord, JobRecord, PermitRecord
+from rollmux.coordinator.service.records import GroupRecord, JobRecord
+from rollmux.coordinator.service.runtime.directives import Directives
 from rollmux.coordinator.service.runtime.grants import GrantQueues
-from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
-from rollmux.coordinator.service.states import JOB_TRANSITIONS, PERMIT_TRANSITIONS, transition
+from rollmux.coordinator.service.runtime.learning import PhaseLearning
+from rollmux.coordinator.service.runtime.leases import Leases
+from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
+from rollmux.coordinator.service.states import JOB_TRANSITIONS, transition
 from rollmux.model import Deployment, JobSpec, Phase, Pool
 
 _SHAPE = ("n_rollout_gpus", "n_train_gpus", "rollout_state_bytes", "train_state_bytes", "deployment")
@@ -40,15 +48,24 @@ class Registered(str, Enum):
     REATTACHED = "reattached"  # a self-registered job restarted on its new nodes after a switch: new token
 
 
-class Admission(GrantQueues):
+class Admission:
     """Registering jobs, admitting them in arrival order, removing them."""
 
+    def __init__(self, state: RuntimeState, leases: Leases, queues: GrantQueues, learning: PhaseLearning,
+                 directives: Directives) -> None:
+        self.state = state
+        self.leases = leases
+        self.queues = queues
+        self.learning = learning
+        self.directives = directives
+
+    # ------------------------------------------------------------------------------ registration
     def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
                      relayed_by: str = "") -> tuple[JobRecord, Registered]:
         """Register a resolved job spec; returns the record and how it was registered: NEW, RETRIED
         (the same nonce again: its token is replaced by the new one) or REATTACHED (a self-registered
-        job restarted on its new nodes after a relocation, `Relocations._reattach`). `relayed_by`
-        names the node whose sidecar relayed the registration.
+        job restarted on its new nodes after a relocation, `Directives.reattach_refusal`).
+        `relayed_by` names the node whose sidecar relayed the registration.
 
         Raises:
             AlreadyExistsError: the name is taken by a registration with another nonce (and this is
@@ -56,41 +73,35 @@ class Admission(GrantQueues):
             FailedPreconditionError: a re-attachment whose spec does not match the registered one.
             InvalidArgumentError: no set of nodes could ever hold the job.
         """
-        existing = self.jobs.get(spec.name)
+        state = self.state
+        existing = state.jobs.get(spec.name)
         if existing is not None:
             if existing.nonce_sha256 == nonce_sha256:
                 existing.token_sha256 = token_sha256
-                self._touch(f"job/{spec.name}", existing)
+                state.touch(f"job/{spec.name}", existing)
                 return existing, Registered.RETRIED
             taken = (f"job {spec.name!r} is already registered: deregister it first, "
                      "or retry with the nonce of the first registration")
             if not relayed_by:
                 raise AlreadyExistsError(taken)
-            refusal = self._reattach_refusal(existing, relayed_by)
+            refusal = self.directives.reattach_refusal(existing, relayed_by)
             if refusal is not None:
                 raise AlreadyExistsError(f"{taken} (node {relayed_by!r} may not re-attach it: {refusal})")
             self._reattach(existing, spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256, node_id=relayed_by)
             return existing, Registered.REATTACHED
         self._check_can_ever_fit(spec)
-        self.meta.seq += 1
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
-                        seq=self.meta.seq, relayed_by=relayed_by)
+                        seq=state.next_seq(), relayed_by=relayed_by)
         if spec.deployment is not None:  # a fixed mode is known (and returned) before admission
             job.deployment = spec.deployment.value
-        self.jobs[spec.name] = job
-        self._touch("meta", self.meta)
-        self._touch(f"job/{spec.name}", job)
+        state.jobs[spec.name] = job
+        state.touch(f"job/{spec.name}", job)
         self.try_admit()
         return job, Registered.NEW
 
-    # hooks runtime.relocation fills in: which jobs may re-attach, and marking their directive
-    def _reattach_refusal(self, job: JobRecord, node_id: str) -> str | None:
-        """Why `node_id`'s sidecar may not re-attach `job` after a relocation (None: it may)."""
-        return "this coordinator relocates no job"
-
     def _reattach(self, job: JobRecord, spec: JobSpec, *, token_sha256: str, nonce_sha256: str, node_id: str) -> None:
-        """Give `job` a new token and nonce, recording the relaying node; the job keeps its name, group,
-        next phase and iteration. Validates first.
+        """Give `job` a new token and nonce, recording the relaying node, and mark its directive
+        re-attached; the job keeps its name, group, next phase and iteration. Validates first.
 
         Raises:
             FailedPreconditionError: `spec` differs from the registered spec in its shape.
@@ -102,12 +113,13 @@ class Admission(GrantQueues):
             raise FailedPreconditionError(f"job {job.name!r} cannot re-attach with another shape: {', '.join(differ)}; "
                                           "restart it with the spec it registered with")
         job.token_sha256, job.nonce_sha256, job.relayed_by = token_sha256, nonce_sha256, node_id
-        job.history.append((job.state.value, job.state.value, round(self.wall(), 3),
+        job.history.append((job.state.value, job.state.value, round(self.state.wall(), 3),
                             f"re-attached through node {node_id}'s sidecar (new token)"))
-        self._touch(f"job/{job.name}", job)
+        self.state.touch(f"job/{job.name}", job)
+        self.directives.reattached(job.name, node_id)
 
     def _check_can_ever_fit(self, spec: JobSpec) -> None:
-        cluster, limit = self.cluster, self.config.max_nodes_per_job
+        cluster, limit = self.state.cluster, self.state.config.max_nodes_per_job
         for pool, gpus in ((Pool.ROLLOUT, spec.n_rollout_gpus), (Pool.TRAIN, spec.n_train_gpus)):
             nodes = cluster.nodes_for(gpus)
             if nodes > limit:
@@ -123,47 +135,36 @@ class Admission(GrantQueues):
                     f"of any {pool.value} node (largest {dram} bytes): no node could ever hold it")
 
     def _largest_dram(self, pool: Pool) -> int:
-        return max([self.cluster.host_dram_bytes,
-                    *(n.host_dram_bytes for n in self.nodes.values() if n.pool is pool)])
+        return max([self.state.cluster.host_dram_bytes,
+                    *(n.host_dram_bytes for n in self.state.nodes.values() if n.pool is pool)])
 
-    def _free_nodes(self, pool: Pool, state_bytes: int) -> list[str]:
+    # --------------------------------------------------------------------------------- admission
+    def free_nodes(self, pool: Pool, state_bytes: int) -> list[str]:
         """READY nodes of `pool` in no group whose host DRAM holds `state_bytes`."""
-        used = self.placement.node_group
-        return sorted(n.node_id for n in self.nodes.values()
+        used = self.state.placement.node_group
+        return sorted(n.node_id for n in self.state.nodes.values()
                       if n.pool is pool and n.state is NodeState.READY and n.node_id not in used
                       and state_bytes < n.host_dram_bytes)
+
+    def _free_for(self, spec: JobSpec) -> dict[Pool, list[str]]:
+        return {Pool.ROLLOUT: self.free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
+                Pool.TRAIN: self.free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
 
     def try_admit(self) -> list[str]:
         """Admit every pending job the free nodes can host now, in arrival order (no head-of-line
         blocking: a job that must wait never holds back a later one that fits)."""
-        return [name for name in self.pending() if self._admit(self.jobs[name])]
+        return [name for name in self.state.pending() if self._admit(self.state.jobs[name])]
 
     def _admit(self, job: JobRecord) -> bool:
-        spec = job.spec
-        free = {Pool.ROLLOUT: self._free_nodes(Pool.ROLLOUT, spec.rollout_state_bytes or 0),
-                Pool.TRAIN: self._free_nodes(Pool.TRAIN, spec.train_state_bytes or 0)}
+        free = self._free_for(job.spec)
         decision = self._decide(job.spec, free)
         if decision is None:
             return False
-
-        def allocate(pool: Pool, count: int) -> list[str]:
-            taken, free[pool] = free[pool][:count], free[pool][count:]
-            return taken
-
-        group = self.placement.apply(job.spec, decision, allocate=allocate)
-        job.group_id, job.rollout_nodes = group.group_id, group.members[job.name].rollout_nodes
-        job.deployment = decision.deployment.value  # returned at registration; adapters build workers to match
-        job.placement = decision.explain()
-        transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.wall(), reason=f"placed in {group.group_id}")
-        self._sync_group(group.group_id)
-        self._touch(f"job/{job.name}", job)
-        self._joined(job.name)
-        permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
-        self.permits[job.name] = permit
-        self._touch(f"permit/{job.name}", permit)  # stored even while queued: a reload must find it
-        self._enqueue(permit)
-        self._notify(Notice(kind=NoticeKind.JOB, job=job.name))
-        self._pump(self.phase_nodes(job, Phase.ROLLOUT))
+        group = self.place(job, decision, free)
+        transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.state.wall(), reason=f"placed in {group.group_id}")
+        self.leases.open(job)
+        self.state.notify(Notice(kind=NoticeKind.JOB, job=job.name))
+        self.leases.grant_waiting(self.state.phase_nodes(job, Phase.ROLLOUT))
         return True
 
     def _decide(self, spec: JobSpec, free: dict[Pool, list[str]]) -> PlacementDecision | None:
@@ -183,52 +184,76 @@ class Admission(GrantQueues):
         """The policy's decision; if its new nodes are not free and the work-aware check refused a join
         (`occupancy`: the job would rather go alone on nodes the fleet does not have), the decision
         with `work_aware` off, which takes that join instead of leaving the job pending."""
-        decision = place_pending(self.policy, spec, self.placement,  # knowing the jobs pending behind it
-                                 [self.jobs[n].spec for n in self.pending() if n != spec.name])
-        if (not decision_fits(decision, free) and isinstance(self.policy, RollMuxPolicy)
-                and self.policy.config.work_aware
+        policy = self.state.policy
+        decision = place_pending(policy, spec, self.state.placement,  # knowing the jobs pending behind it
+                                 [self.state.jobs[n].spec for n in self.state.pending() if n != spec.name])
+        if (not decision_fits(decision, free) and isinstance(policy, RollMuxPolicy)
+                and policy.config.work_aware
                 and any(r.reason is RejectReason.OCCUPANCY for r in decision.rejections)):
-            decision = self.policy.variant(work_aware=False).place(spec, self.placement)
+            decision = policy.variant(work_aware=False).place(spec, self.state.placement)
         return decision
+
+    # ------------------------------------------------------------------------- group membership
+    def place(self, job: JobRecord, decision: PlacementDecision, free: dict[Pool, list[str]] | None = None) -> GroupState:
+        """Put `job` where `decision` says, taking new nodes from `free` (default: the free nodes now),
+        and plan it with what is learned of it. Returns its group."""
+        free = self._free_for(job.spec) if free is None else free
+
+        def allocate(pool: Pool, count: int) -> list[str]:
+            taken, free[pool] = free[pool][:count], free[pool][count:]
+            return taken
+
+        group = self.state.placement.apply(job.spec, decision, allocate=allocate)
+        job.group_id, job.rollout_nodes = group.group_id, group.members[job.name].rollout_nodes
+        job.deployment = decision.deployment.value  # returned at registration; adapters build workers to match
+        job.placement = decision.explain()
+        self._sync_group(group.group_id)
+        self.state.touch(f"job/{job.name}", job)
+        self.learning.joined(job.name)
+        return group
+
+    def unplace(self, job: JobRecord) -> list[str]:
+        """Take `job` out of its group, passing on its turns; returns the nodes the group released."""
+        self.queues.leave(job)
+        released = self.state.placement.remove_job(job.name)
+        self.queues.clear(released)
+        self._sync_group(job.group_id)
+        return released
 
     def _sync_group(self, gid: str) -> None:
         """Store the group as the placement holds it (its stored form only; no copy in memory)."""
-        g: GroupState | None = self.placement.groups.get(gid)
-        self._touch(f"group/{gid}", None if g is None else group_record(g))
+        g: GroupState | None = self.state.placement.groups.get(gid)
+        self.state.touch(f"group/{gid}", None if g is None else group_record(g))
 
+    def restore_groups(self, groups: dict[str, GroupRecord]) -> None:
+        """Rebuild the placement's groups from their stored form (coordinator restart), in creation order."""
+        jobs = self.state.jobs
+        for gid, rec in sorted(groups.items(), key=lambda kv: _gid_number(kv[0])):
+            members = [(jobs[name].spec, tuple(jobs[name].rollout_nodes), Deployment(jobs[name].deployment))
+                       for name in rec.members]
+            self.state.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members,
+                                               train_pool=Pool(rec.train_pool))
+
+    # ----------------------------------------------------------------------------------- removal
     def remove_job(self, name: str, *, reason: str) -> list[str]:
-        """Remove a job in any state; revokes its lease. Returns the nodes its group released."""
-        job = self.job(name)
+        """Remove a job in any state; revokes its lease. Returns the nodes its group released.
+
+        The relocation part hears of the departure from the caller (`Runtime.remove_job`)."""
+        state = self.state
+        job = state.job(name)
         released: list[str] = []
-        permit = self.permits.pop(name, None)
-        if permit is not None:
-            self._cancel_permit(permit, job, reason)
-            self._dirty[f"permit/{name}"] = lambda: None
-        group_train = self.phase_nodes(job, Phase.TRAIN)
+        self.leases.cancel(name, reason)
+        group_train = state.phase_nodes(job, Phase.TRAIN)
         if job.state is JobState.ADMITTED:
-            self._leave_rings(job)
-            released = self.placement.remove_job(name)
-            for n in released:
-                self._set_served(n, None)
-            self._sync_group(job.group_id)
-        transition(job, JOB_TRANSITIONS, JobState.REMOVED, now=self.wall(), reason=reason)
-        del self.jobs[name]
-        self._dirty[f"job/{name}"] = lambda: None
-        self._notify(Notice(kind=NoticeKind.JOB, job=name, reason=reason))
+            released = self.unplace(job)
+        transition(job, JOB_TRANSITIONS, JobState.REMOVED, now=state.wall(), reason=reason)
+        del state.jobs[name]
+        state.forget(f"job/{name}")
+        state.notify(Notice(kind=NoticeKind.JOB, job=name, reason=reason))
         touched = set(job.rollout_nodes) | set(group_train)
-        self._pump(sorted(touched))
+        self.leases.grant_waiting(sorted(touched))
         self.try_admit()
-        self._departed(name, job.group_id)
         return released
-
-    def _cancel_permit(self, permit: PermitRecord, job: JobRecord, reason: str) -> None:
-        if permit.state is PermitState.GRANTED:
-            for n in permit.nodes:
-                self._free_node(n)
-            self._notify(Notice(kind=NoticeKind.REVOKED, job=job.name, nodes=permit.nodes,
-                                epoch=permit.epoch, reason=reason))
-        transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.wall(), reason=reason)
-
 
 
 def decision_fits(decision: PlacementDecision, free: dict[Pool, list[str]]) -> bool:
@@ -243,3 +268,8 @@ def group_record(g: GroupState) -> GroupRecord:
     """The stored form of a group: its nodes and round-robin member order."""
     return GroupRecord(group_id=g.group_id, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
                        members=tuple(g.members), train_pool=g.train_pool.value)
+
+
+def _gid_number(gid: str) -> int:
+    digits = "".join(ch for ch in gid if ch.isdigit())
+    return int(digits) if digits else 0

@@ -1,14 +1,30 @@
-"""Permits and their leases: acquire, renew, release (with phase-time estimates), expiry."""
+"""Permits and their leases: asked for, granted in queue order, renewed, released, expired.
+
+A grant holds every needed node with a lease (cluster-wide increasing epoch + TTL); at most one
+permit holds a node (`holder`). The order in which waiting phases are granted is the grant queues'
+(`GrantQueues.step`, i.e. `policy.grants.grant_step`); this part applies it (`grant_waiting`).
+
+Every way a lease lets go of nodes goes through `_free`: a release or an expiry ends the whole lease,
+a long-tail migration (`consolidate`) keeps part of it. Freeing a node of a lease that goes on is
+that one step, so a release of single nodes needs no other path.
+
+Owns: the permit records (`state.permits`, ``permit/<job>``: every permit transition), `holder` and
+`freed_at`. Calls NodeLiveness (a freed draining node is drained), GrantQueues (the grant step) and
+PhaseLearning (a released phase's measured duration).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rollmux.coordinator.service.api import FailedPreconditionError, NodeState, PermitState, StaleEpochError
-from rollmux.coordinator.service.records import PermitRecord, next_phase
+from rollmux.coordinator.service.api import FailedPreconditionError, PermitState, StaleEpochError
+from rollmux.coordinator.service.records import JobRecord, PermitRecord, next_phase
+from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
-from rollmux.coordinator.service.runtime.state import Notice, NoticeKind
-from rollmux.coordinator.service.states import NODE_TRANSITIONS, PERMIT_PARKED, PERMIT_TRANSITIONS, transition
+from rollmux.coordinator.service.runtime.nodes import NodeLiveness
+from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
+from rollmux.coordinator.service.states import PERMIT_PARKED, PERMIT_TRANSITIONS, transition
 from rollmux.model import Phase
 
 
@@ -19,8 +35,26 @@ class ReleaseResult:
     already_released: bool  # a retried release of the same epoch
 
 
-class Leases(PhaseLearning):
+class Leases:
     """A job's permit through its phases: asked for, granted (leased), renewed, released, expired."""
+
+    def __init__(self, state: RuntimeState, liveness: NodeLiveness, queues: GrantQueues,
+                 learning: PhaseLearning) -> None:
+        self.state = state
+        self.liveness = liveness
+        self.queues = queues
+        self.learning = learning
+        self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
+        self.freed_at: dict[str, float] = {}  # node -> when its last permit ended (memory only)
+
+    # ------------------------------------------------------------------------------------ asking
+    def open(self, job: JobRecord) -> None:
+        """An admitted job's first permit, Rollout(0), queued (stored even while queued: a reload
+        must find it)."""
+        permit = PermitRecord(job=job.name, phase=Phase.ROLLOUT, iteration=0)
+        self.state.permits[job.name] = permit
+        self.state.touch(f"permit/{job.name}", permit)
+        self._enqueue(permit)
 
     def acquire(self, name: str, phase: Phase, iteration: int) -> PermitRecord | None:
         """Ask for `phase` of `iteration`; returns the permit (GRANTED or QUEUED), or None while the
@@ -30,8 +64,9 @@ class Leases(PhaseLearning):
             NotFoundError: unknown job.
             FailedPreconditionError: the phase is not the job's next one in on-policy order.
         """
-        job = self.job(name)
-        permit = self.permits.get(name)
+        state = self.state
+        job = state.job(name)
+        permit = state.permits.get(name)
         expected = (permit.phase, permit.iteration) if permit else (Phase.ROLLOUT, 0)
         if (phase, iteration) != expected:
             raise FailedPreconditionError(
@@ -40,18 +75,74 @@ class Leases(PhaseLearning):
         if permit is None:
             return None
         if permit.state is PermitState.GRANTED:
-            permit.expires_at = self.clock() + self.config.lease_ttl_s
+            self.extend(permit)
             permit.picked = True  # the job holds this grant now (a relocation may no longer take it back)
         elif permit.state in PERMIT_PARKED:
-            transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.wall(), reason="asked again")
-            self._touch(f"permit/{name}", permit)
+            transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=state.wall(), reason="asked again")
+            state.touch(f"permit/{name}", permit)
             self._enqueue(permit)
-            self._pump(self.phase_nodes(job, phase))
+            self.grant_waiting(state.phase_nodes(job, phase))
         return permit
 
-    def _granted(self, name: str, epoch: int, what: str) -> PermitRecord:
-        self.job(name)
-        permit = self.permits.get(name)
+    def _enqueue(self, permit: PermitRecord) -> None:
+        """The permit waits from now (grant latency counts from when its nodes are free after this)."""
+        permit.queued_at = self.state.clock()
+
+    def requeue(self, permit: PermitRecord) -> None:
+        """Store `permit` and let it wait from now (a relocated job's next phase, on its new nodes)."""
+        self.state.touch(f"permit/{permit.job}", permit)
+        self._enqueue(permit)
+
+    def parked(self) -> set[str]:
+        """Jobs whose lease lapsed or was revoked: passed over until they ask again."""
+        return {j for j, p in self.state.permits.items() if p.state in PERMIT_PARKED}
+
+    # ---------------------------------------------------------------------------------- granting
+    def grant_waiting(self, nodes: Iterable[str]) -> None:
+        """Run the grant step in every group the touched nodes serve and lease what it grants."""
+        state = self.state
+        node_group = state.placement.node_group
+        gids = dict.fromkeys(g for n in nodes if (g := node_group.get(n)) is not None)
+        for gid in gids:
+            for g in self.queues.step(gid, self.holder):
+                self._grant(state.permits[g.job], state.jobs[g.job], g.nodes)
+
+    def _grant(self, permit: PermitRecord, job: JobRecord, needed: tuple[str, ...]) -> None:
+        state = self.state
+        epoch = state.next_epoch()
+        for m in needed:
+            self.holder[m] = job.name
+        transition(permit, PERMIT_TRANSITIONS, PermitState.GRANTED, now=state.wall(), reason=f"epoch {epoch}")
+        permit.epoch, permit.nodes, permit.migrated, permit.picked = epoch, needed, False, False
+        permit.expires_at = state.clock() + state.config.lease_ttl_s
+        permit.grantable_at = max([permit.queued_at, *(self.freed_at.get(m, 0.0) for m in needed)])
+        state.touch(f"permit/{job.name}", permit)
+        state.notify(Notice(kind=NoticeKind.GRANTED, job=job.name, nodes=needed, epoch=permit.epoch))
+
+    def _free(self, node_id: str, *, announce: bool = True) -> None:
+        """Free `node_id`; its sidecar hears a snapshot when `announce` or when the node changed state.
+
+        A job's own release is not announced: the sidecar's ranks ended the phase themselves, and a
+        snapshot per release was half of the coordinator's node-stream writes (docs/coordinator.md).
+        """
+        self.holder.pop(node_id, None)
+        self.freed_at[node_id] = self.state.clock()
+        if self.liveness.permit_ended(node_id):
+            announce = True
+        if announce:
+            self.state.notify(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
+
+    # ---------------------------------------------------------------------------------- holding
+    def granted(self, name: str, epoch: int, what: str) -> PermitRecord:
+        """The job's permit if `epoch` holds its lease.
+
+        Raises:
+            NotFoundError: unknown job.
+            FailedPreconditionError: the job holds no permit (pending admission).
+            StaleEpochError: `epoch` does not hold the job's lease.
+        """
+        self.state.job(name)
+        permit = self.state.permits.get(name)
         if permit is None:
             raise FailedPreconditionError(f"job {name!r} holds no permit to {what}: it is pending admission")
         if permit.state is not PermitState.GRANTED or permit.epoch != epoch:
@@ -61,28 +152,60 @@ class Leases(PhaseLearning):
                                   "stop the phase and acquire the permit again")
         return permit
 
-    def renew(self, name: str, epoch: int) -> float:
-        permit = self._granted(name, epoch, "renew")
-        permit.expires_at = self.clock() + self.config.lease_ttl_s
-        return self.config.lease_ttl_s
+    def extend(self, permit: PermitRecord) -> None:
+        """The lease runs another TTL from now."""
+        permit.expires_at = self.state.clock() + self.state.config.lease_ttl_s
 
+    def renew(self, name: str, epoch: int) -> float:
+        self.extend(self.granted(name, epoch, "renew"))
+        return self.state.config.lease_ttl_s
+
+    def heartbeat(self, node_id: str, active_epochs: Iterable[int]) -> None:
+        """A sidecar heartbeat renews the lease holding its node if the node runs that epoch."""
+        job = self.holder.get(node_id)
+        if job is not None:
+            permit = self.state.permits[job]
+            if permit.epoch in set(active_epochs):
+                self.extend(permit)
+
+    def consolidate(self, permit: PermitRecord, *, keep: tuple[str, ...], release: tuple[str, ...]) -> None:
+        """Long-tail migration: the lease keeps `keep` and frees `release` (once per lease: `migrated`)."""
+        permit.nodes, permit.migrated = keep, True
+        self.state.touch(f"permit/{permit.job}", permit)
+        for n in release:
+            self._free(n)
+
+    # ---------------------------------------------------------------------------------- ending
     def release(self, name: str, epoch: int, duration_s: float) -> ReleaseResult:
         """End a phase: free its nodes, record its duration, queue the job's next phase.
 
         Raises:
             StaleEpochError: `epoch` does not hold the job's lease (and is not the last released one).
         """
-        permit = self.permits.get(name)
+        state = self.state
+        permit = state.permits.get(name)
         if permit is not None and epoch and epoch == permit.last_released_epoch:
             return ReleaseResult(next_phase=permit.phase, next_iteration=permit.iteration, already_released=True)
-        permit = self._granted(name, epoch, "release")
-        job = self.jobs[name]
-        transition(permit, PERMIT_TRANSITIONS, PermitState.RELEASED, now=self.wall(), reason="released")
+        permit = self.granted(name, epoch, "release")
+        job = state.jobs[name]
+        transition(permit, PERMIT_TRANSITIONS, PermitState.RELEASED, now=state.wall(), reason="released")
         freed = permit.nodes
         for n in freed:
-            self._free_node(n, announce=False)
+            self._free(n, announce=False)
         phase, it = next_phase(permit.phase, permit.iteration)
-        a = self.config.estimate_alpha
+        roll, train = self._estimates(permit, duration_s)
+        iter_roll, iter_train = self.learning.measured(name, permit, duration_s)
+        nxt = PermitRecord(job=name, phase=phase, iteration=it, epoch=epoch, last_released_epoch=epoch,
+                           observed_roll_s=roll, observed_train_s=train, iter_roll_s=iter_roll, iter_train_s=iter_train)
+        state.permits[name] = nxt
+        state.touch(f"permit/{name}", nxt)
+        self._enqueue(nxt)
+        self.grant_waiting(list(freed) + list(state.phase_nodes(job, phase)))
+        return ReleaseResult(next_phase=phase, next_iteration=it, already_released=False)
+
+    def _estimates(self, permit: PermitRecord, duration_s: float) -> tuple[float, float]:
+        """The job's (rollout, train) time estimates with the released phase's duration folded in."""
+        a = self.state.config.estimate_alpha
         roll, train = permit.observed_roll_s, permit.observed_train_s
         if permit.phase is Phase.ROLLOUT:
             roll = duration_s if not roll else a * duration_s + (1 - a) * roll
@@ -90,14 +213,7 @@ class Leases(PhaseLearning):
             train = duration_s if not train else a * duration_s + (1 - a) * train
         else:  # sync is part of T_train in the policy: add it to the last train sample
             train += a * duration_s
-        iter_roll, iter_train = self._measured(name, permit, duration_s)
-        nxt = PermitRecord(job=name, phase=phase, iteration=it, epoch=epoch, last_released_epoch=epoch,
-                           observed_roll_s=roll, observed_train_s=train, iter_roll_s=iter_roll, iter_train_s=iter_train)
-        self.permits[name] = nxt
-        self._touch(f"permit/{name}", nxt)
-        self._enqueue(nxt)
-        self._pump(list(freed) + list(self.phase_nodes(job, phase)))
-        return ReleaseResult(next_phase=phase, next_iteration=it, already_released=False)
+        return roll, train
 
     def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
         """Release the phase held with `epoch` and ask for the next one, as one transition.
@@ -113,50 +229,68 @@ class Leases(PhaseLearning):
         assert permit is not None  # an admitted job (it held a lease) always has a permit
         return res, permit
 
-
     def expire(self) -> list[str]:
-        """Turn silent nodes LOST and revoke every lease past its TTL; returns the jobs whose lease expired.
-
-        A node whose stream is open but whose heartbeats lapsed (`ServiceConfig.heartbeat_lapse_s`)
-        turns LOST: nothing new is granted on it; its running lease, no longer renewed, expires here
-        after its TTL like any other.
-        """
-        now = self.clock()
-        for node in self._lapsed_nodes(now):
-            transition(node, NODE_TRANSITIONS, NodeState.LOST, now=self.wall(),
-                       reason=f"no heartbeat for {self.config.heartbeat_lapse_s:g}s (stream still open)")
-            self._touch(f"node/{node.node_id}", node)
-            self._notify(Notice(kind=NoticeKind.NODE, nodes=(node.node_id,)))
-        expired = [p for p in self.permits.values() if p.state is PermitState.GRANTED and p.expires_at <= now]
+        """Revoke every lease past its TTL; returns the jobs whose lease expired. A lease whose node
+        went LOST is no longer renewed by its heartbeats and ends here like any other."""
+        state = self.state
+        now = state.clock()
+        expired = [p for p in state.permits.values() if p.state is PermitState.GRANTED and p.expires_at <= now]
         freed: list[str] = []
         for permit in expired:
-            transition(permit, PERMIT_TRANSITIONS, PermitState.EXPIRED, now=self.wall(),
-                       reason=f"TTL {self.config.lease_ttl_s}s lapsed")
+            transition(permit, PERMIT_TRANSITIONS, PermitState.EXPIRED, now=state.wall(),
+                       reason=f"TTL {state.config.lease_ttl_s}s lapsed")
             for n in permit.nodes:
-                self._free_node(n)
+                self._free(n)
             freed.extend(permit.nodes)
-            self._notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=permit.nodes, epoch=permit.epoch,
+            state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=permit.nodes, epoch=permit.epoch,
                                 reason="lease expired"))
-            self._notify(Notice(kind=NoticeKind.JOB, job=permit.job))
+            state.notify(Notice(kind=NoticeKind.JOB, job=permit.job))
             permit.nodes = ()
-            self._touch(f"permit/{permit.job}", permit)
-        self._pump(freed)
+            state.touch(f"permit/{permit.job}", permit)
+        self.grant_waiting(freed)
         return [p.job for p in expired]
 
     def next_expiry(self) -> float | None:
-        deadlines = [p.expires_at for p in self.permits.values() if p.state is PermitState.GRANTED]
+        deadlines = [p.expires_at for p in self.state.permits.values() if p.state is PermitState.GRANTED]
         return min(deadlines, default=None)
 
-    def next_deadline(self) -> float | None:
-        """The earliest lease expiry or heartbeat lapse (when `expire` would change something)."""
-        lapse = self.config.heartbeat_lapse_s
-        silent = [node.heard_at + lapse for n in self.connected if (node := self.nodes.get(n)) is not None
-                  and node.state is NodeState.READY]
-        leases = self.next_expiry()
-        return min([*silent, *([] if leases is None else [leases])], default=None)
+    def cancel(self, name: str, reason: str) -> None:
+        """The job is removed: its permit ends in any state (a held lease is revoked) and is deleted."""
+        permit = self.state.permits.pop(name, None)
+        if permit is None:
+            return
+        if permit.state is PermitState.GRANTED:
+            for n in permit.nodes:
+                self._free(n)
+            self.state.notify(Notice(kind=NoticeKind.REVOKED, job=name, nodes=permit.nodes,
+                                     epoch=permit.epoch, reason=reason))
+        transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.state.wall(), reason=reason)
+        self.state.forget(f"permit/{name}")
 
-    @property
-    def deadline_horizon_s(self) -> float:
-        """Every deadline set from now on lies at least this far ahead (TTLs and lapses are constant)."""
-        return min(self.config.lease_ttl_s, self.config.heartbeat_lapse_s)
+    def take_back(self, permit: PermitRecord, reason: str) -> None:
+        """A grant made but never picked up is revoked and its phase queued again (a relocation
+        switches the job at this boundary). No-op for a permit not GRANTED."""
+        if permit.state is not PermitState.GRANTED:
+            return
+        for n in permit.nodes:
+            self._free(n)
+        self.state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=permit.nodes, epoch=permit.epoch,
+                                 reason=reason))
+        transition(permit, PERMIT_TRANSITIONS, PermitState.REVOKED, now=self.state.wall(), reason=reason)
+        transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.state.wall(), reason="relocated")
+        permit.nodes = ()
 
+    def restore(self, permits: dict[str, PermitRecord]) -> None:
+        """Load stored permits (coordinator restart): every one waits from now; a held lease restarts
+        its TTL (its holder could not renew while the coordinator was away) and counts as picked up
+        (it may be running: a relocation waits for the next boundary)."""
+        state = self.state
+        state.permits.update(permits)
+        now = state.clock()
+        for p in state.permits.values():
+            p.queued_at = now
+            if p.state is PermitState.GRANTED:
+                p.expires_at = now + state.config.lease_ttl_s
+                p.picked = True
+                for n in p.nodes:
+                    self.holder[n] = p.job

@@ -1,9 +1,12 @@
-"""The runtime's records, change tracking and lookups: the base every runtime part builds on.
+"""The records every runtime part shares, their change tracking and lookups.
 
-`RuntimeState` holds the cluster as the coordinator sees it (nodes, jobs, the policy's groups,
-per-node round-robin turns, permits and their leases). The parts in this package add the transitions on it,
-one responsibility each (see `rollmux.coordinator.service.runtime`). A transition marks the records it
-changed dirty (`_touch`) and queues `Notice`s; the shell takes both with `take_changes`.
+`RuntimeState` holds the stored records (nodes, jobs, permits), the policy's placement and the
+counters, and queues what a transition changed: the records to commit (`touch`, `forget`) and the
+`Notice`s to deliver; the shell takes both with `take_changes`. It has no transitions of its own:
+each record kind has one owning part, the only one that writes it (see
+`rollmux.coordinator.service.runtime` for the table).
+
+Owns: `meta` (through `next_epoch` and `next_seq`), the change set and the notices. Calls nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +17,8 @@ from enum import Enum
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.service.api import JobState, NodeState, NotFoundError, ServiceConfig
-from rollmux.coordinator.service.records import (
-    JobRecord,
-    Meta,
-    NodeRecord,
-    PermitRecord,
-    RelocationRecord,
-    dumps,
-)
+from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord
 from rollmux.model import ClusterSpec, Phase
 
 Clock = Callable[[], float]
@@ -74,9 +69,8 @@ class Notice:
     release_nodes: tuple[str, ...] = ()  # MIGRATE only
 
 
-
 class RuntimeState:
-    """All live coordinator state, its change tracking and lookups (no transitions)."""
+    """The shared records, the change set and lookups (no transitions)."""
 
     def __init__(self, cluster: ClusterSpec, config: ServiceConfig, *, clock: Clock,
                  wall: Clock, policy: PlacementPolicy | None = None) -> None:
@@ -85,24 +79,13 @@ class RuntimeState:
         self.clock = clock  # monotonic seconds (lease deadlines)
         self.wall = wall  # seconds since the epoch (histories)
         self.policy = policy or RollMuxPolicy(live_policy_config(config))
-        self.meta = Meta()
-        self.nodes: dict[str, NodeRecord] = {}
-        self.jobs: dict[str, JobRecord] = {}
-        self.permits: dict[str, PermitRecord] = {}
-        self.served: dict[str, str] = {}  # node -> job whose round-robin turn there ended last (policy.grants)
-        self.holder: dict[str, str] = {}  # node -> job whose GRANTED permit holds it
+        self.meta = Meta()  # written by `next_epoch` and `next_seq` only
+        self.nodes: dict[str, NodeRecord] = {}  # written by NodeLiveness
+        self.jobs: dict[str, JobRecord] = {}  # written by Admission (`moves` by Relocations)
+        self.permits: dict[str, PermitRecord] = {}  # job -> its current permit; written by Leases
+        # the policy's groups: membership written by Admission, profiles by PhaseLearning, node
+        # availability follows the node records (`touch`)
         self.placement = ClusterState(cluster)
-        self.relocations: dict[str, RelocationRecord] = {}  # job -> its latest regrouping directive
-        # groups learning events queued for the paced planner (`plan_deferred`), oldest first; memory only
-        self.rescue_due: dict[str, None] = {}  # with a member at SLO risk: looked at first
-        self.replan: dict[str, None] = {}
-        self.learner: PhaseLearner | None = None  # measured iterations per job (runtime.learning)
-        self.learned: dict[str, list[tuple[float, float]]] = {}  # job -> its stored window (learn/<job>)
-        if isinstance(self.policy, RollMuxPolicy) and self.policy.config.learn:
-            self.learner = PhaseLearner(self.policy.config)
-            self.policy.learner = self.learner  # newcomers get the fleet prior, members their learned times
-        self.connected: set[str] = set()  # nodes with an open sidecar stream (memory only)
-        self.freed_at: dict[str, float] = {}  # node -> when its last permit ended (memory only)
         self._dirty: dict[str, Callable[[], str | None]] = {}
         self._notices: list[Notice] = []
 
@@ -116,28 +99,41 @@ class RuntimeState:
         self._dirty, self._notices = {}, []
         return writes, notices
 
-    def _touch(self, key: str, record: object | None) -> None:
+    def touch(self, key: str, record: object | None) -> None:
+        """Store `record` under `key` at the next commit (rendered then); None deletes the key."""
         self._dirty[key] = (lambda: None) if record is None else record.to_json  # type: ignore[attr-defined]
         if isinstance(record, NodeRecord):  # the policy's snapshot follows the node records
             self.placement.set_node(record.node_id, host_dram_bytes=record.host_dram_bytes,
                                     available=record.state is NodeState.READY)
 
-    def _touch_served(self, node_id: str) -> None:
-        job = self.served.get(node_id)
-        self._dirty[f"served/{node_id}"] = (lambda: None) if job is None else (lambda j=job: dumps(j))
+    def put(self, key: str, render: Callable[[], str | None]) -> None:
+        """Store what `render` returns under `key` at the next commit (None deletes the key)."""
+        self._dirty[key] = render
 
-    def _notify(self, notice: Notice) -> None:
+    def forget(self, key: str) -> None:
+        """Delete `key` at the next commit."""
+        self._dirty[key] = lambda: None
+
+    def notify(self, notice: Notice) -> None:
         self._notices.append(notice)
 
-    # hooks the later layers fill in (runtime.learning, runtime.relocation)
-    def _joined(self, name: str) -> None:
-        """Member `name` joined a group (admission, restore, relocation): plan it with what is learned of it."""
+    def next_epoch(self) -> int:
+        """A new cluster-wide fencing epoch (leases, directives, memberships)."""
+        self.meta.epoch += 1
+        self.touch("meta", self.meta)
+        return self.meta.epoch
 
-    def _departed(self, name: str, group_id: str) -> None:
-        """A job left `group_id`: forget what was learned of it, cancel its directive, plan regrouping."""
+    def next_seq(self) -> int:
+        """A new arrival sequence number (admission order)."""
+        self.meta.seq += 1
+        self.touch("meta", self.meta)
+        return self.meta.seq
 
-    def _became_learned(self, name: str, group_id: str) -> None:
-        """Member `name`'s phase times just became learned (a learning event): plan regrouping for its group."""
+    def restore(self, meta: Meta | None, jobs: dict[str, JobRecord]) -> None:
+        """Load the stored counters and job records (coordinator restart)."""
+        if meta is not None:
+            self.meta = meta
+        self.jobs.update(jobs)
 
     # ------------------------------------------------------------------------------------------
     # lookups (raise NotFound)
@@ -169,3 +165,7 @@ class RuntimeState:
         if phase is Phase.ROLLOUT and not member.colocated:
             return member.rollout_nodes
         return member.train_nodes  # Train and Sync, and a co-located job's Rollout: its own training nodes
+
+    def job_nodes(self, job: JobRecord) -> tuple[str, ...]:
+        """Every node an admitted job's phases run on (rollout first)."""
+        return tuple(dict.fromkeys([*self.phase_nodes(job, Phase.ROLLOUT), *self.phase_nodes(job, Phase.TRAIN)]))

@@ -18,6 +18,11 @@ both processes. The trainer prints one JSON line per iteration (``--log-file`` t
 Weights go trainer -> rollout every iteration by a direct gloo broadcast (default) or, with
 ``--sync plugin``, through ``rollmux.sync_plugin`` (two-stage send/receive; same bytes, same run).
 
+``--device cuda`` runs both policies on the GPU (several jobs may share one). The collectives stay on
+gloo, which moves CPU tensors only: weights and batches cross through host memory (a staging copy each
+way), and sampling draws from a generator on the policy's device, so a CUDA run is correct but not
+bitwise equal to a CPU run of the same seed.
+
 Knobs: ``--group-size``, ``--prompts`` and ``--max-new-tokens`` make a job rollout-heavy;
 ``--train-epochs``, ``--minibatches`` and ``--d-model`` make it train-heavy. Measured on one contended CPU core per process (seconds per iteration,
 rollout / train): ``--group-size 16 --max-new-tokens 16 --minibatches 1`` about 0.43 / 0.21;
@@ -90,6 +95,8 @@ class JobConfig:
     """Seeds model init, prompts and sampling."""
     threads: int = 1
     """torch intra-op threads per process."""
+    device: str = "cpu"
+    """Where both policies run: "cpu" or a CUDA device ("cuda", "cuda:1")."""
     sync: str = "broadcast"
     """Weight transport: "broadcast" (direct gloo broadcast) or "plugin" (rollmux.sync_plugin)."""
     phase_hook: str | None = None
@@ -109,6 +116,8 @@ class JobConfig:
             raise ValueError(f"max_count={self.max_count} must be at most 9 (a count is one digit token)")
         if self.sync not in ("broadcast", "plugin"):
             raise ValueError(f"sync={self.sync!r} must be 'broadcast' or 'plugin'")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} must be 'cpu' or a CUDA device ('cuda', 'cuda:1')")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
 
@@ -131,11 +140,11 @@ def sync(
     if plugin is not None:
         return plugin(policy)
     params = list(policy.parameters())
-    flat = torch.nn.utils.parameters_to_vector(params).detach()
+    flat = torch.nn.utils.parameters_to_vector(params).detach().cpu()  # gloo moves host tensors
     dist.broadcast(flat, src=src, group=group)
     if dist.get_rank() != src:
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(flat, params)
+            torch.nn.utils.vector_to_parameters(flat.to(params[0].device), params)
     return flat.numel() * flat.element_size()
 
 
@@ -165,10 +174,14 @@ class PluginSync:
         from rollmux.sync_plugin import receive, send
 
         tensors = [p.detach() for p in policy.parameters()]  # same storage, outside autograd
+        host = [t.cpu() for t in tensors]  # gloo moves host tensors; the same tensors on a CPU run
         if dist.get_rank() == TRAINER:
-            send(tensors, self.plan, self.groups)
+            send(host, self.plan, self.groups)
         else:
-            receive(tensors, self.plan, self.groups)
+            receive(host, self.plan, self.groups)
+            for t, h in zip(tensors, host):
+                if h is not t:
+                    t.copy_(h)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -179,14 +192,27 @@ class RolloutBatch:
     sample: Sample  # tokens, response mask, sampling log-probs
     rewards: torch.Tensor  # [B] float32, group by group
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch on `device` (itself when already there)."""
+        s = self.sample
+        return RolloutBatch(Sample(s.tokens.to(device), s.response_mask.to(device), s.old_logp.to(device)),
+                            self.rewards.to(device))
+
 
 def rollout(policy: TinyPolicy, cfg: JobConfig, iteration: int) -> RolloutBatch:
-    """Sample ``group_size`` responses for each of ``prompts`` fresh prompts and score them."""
-    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + iteration)
+    """Sample ``group_size`` responses for each of ``prompts`` fresh prompts and score them.
+
+    The batch is on the policy's device, its rewards on the host.
+    """
+    seed = cfg.seed * 100_003 + iteration
+    gen = torch.Generator().manual_seed(seed)
     prompts = make_prompts(cfg.prompts, cfg.max_count, gen).repeat_interleave(cfg.group_size, dim=0)
-    out = sample(policy, prompts, cfg.max_new_tokens, gen)
+    device = next(policy.parameters()).device
+    # CPU: one generator for prompts and samples (the run every seed-pinned figure comes from).
+    draw = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+    out = sample(policy, prompts.to(device), cfg.max_new_tokens, draw)
     rewards = torch.tensor(
-        [reward(p.tolist(), r.tolist()) for p, r in zip(prompts, out.tokens[:, PROMPT_LEN:])],
+        [reward(p.tolist(), r.tolist()) for p, r in zip(prompts, out.tokens[:, PROMPT_LEN:].cpu())],
         dtype=torch.float32,
     )
     return RolloutBatch(out, rewards)
@@ -205,7 +231,7 @@ def train(
         Mean loss over the steps.
     """
     s = batch.sample
-    adv = group_advantages(batch.rewards, cfg.group_size)
+    adv = group_advantages(batch.rewards.to(s.tokens.device), cfg.group_size)
     ref_logp = None
     if reference is not None:
         with torch.no_grad():
@@ -236,12 +262,12 @@ def train(
 
 
 def send_batch(batch: RolloutBatch, stats: list[float], dst: int) -> None:
-    """Ship a rollout batch and the rollout's numbers (``[sync_s, rollout_s]``) over gloo."""
-    s = batch.sample
+    """Ship a rollout batch and the rollout's numbers (``[sync_s, rollout_s]``) over gloo (host tensors)."""
+    s = batch.to("cpu").sample
     dist.send(torch.tensor([*s.tokens.shape, s.response_mask.shape[1]], dtype=torch.int64), dst)
     dist.send(s.tokens, dst)
     dist.send(torch.cat([s.response_mask, s.old_logp], dim=1), dst)
-    dist.send(batch.rewards, dst)
+    dist.send(batch.rewards.cpu(), dst)
     dist.send(torch.tensor(stats, dtype=torch.float64), dst)
 
 
@@ -282,14 +308,14 @@ def resolve_phase_hook(spec: str | None) -> PhaseHook:
 
 
 def build_policy(cfg: JobConfig) -> TinyPolicy:
-    """The same initial policy in both processes (seeded)."""
+    """The same initial policy in both processes (seeded on the host, then moved to ``cfg.device``)."""
     torch.manual_seed(cfg.seed)
     return TinyPolicy(
         max_len=PROMPT_LEN + cfg.max_new_tokens,
         d_model=cfg.d_model,
         n_layers=cfg.n_layers,
         n_heads=cfg.n_heads,
-    )
+    ).to(cfg.device)
 
 
 def trainer_main(cfg: JobConfig, hook: PhaseHook, out: TextIO) -> None:
@@ -305,11 +331,12 @@ def trainer_main(cfg: JobConfig, hook: PhaseHook, out: TextIO) -> None:
             sync(policy, plugin=plugin)
         t1 = time.perf_counter()
         batch, (_, rollout_s) = recv_batch(ROLLOUT)
+        batch = batch.to(cfg.device)
         t2 = time.perf_counter()
         with hook("train"):
             loss = train(policy, optimizer, batch, cfg, reference)
         t3 = time.perf_counter()
-        lengths = batch.sample.response_mask.sum(dim=1)
+        lengths = batch.sample.response_mask.sum(dim=1).cpu()
         record = {
             "job": cfg.job_id,
             "iteration": it,

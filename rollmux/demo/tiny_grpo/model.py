@@ -59,10 +59,10 @@ def sample(policy: TinyPolicy, prompts: torch.Tensor, max_new_tokens: int, gen: 
     """Sample responses token by token until every row emitted EOS or the limit is reached.
 
     No KV cache: each step reruns the whole prefix, so a step's cost grows with length and the
-    batch's longest response sets the rollout time (the tail).
+    batch's longest response sets the rollout time (the tail). ``gen`` must be on the prompts' device.
     """
     tokens = prompts
-    done = torch.zeros(prompts.shape[0], dtype=torch.bool)
+    done = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
     logps, masks = [], []
     for _ in range(max_new_tokens):
         logp = torch.log_softmax(policy(tokens)[:, -1].float(), dim=-1)

@@ -19,6 +19,11 @@ set (plus ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``) the phases are gated through 
   trainer following once the coordinator switched the job. Each rank checkpoints its policy and
   iteration counters to ``--checkpoint-dir``, re-attaches on its new node
   (``ROLLMUX_SIDECAR_SOCKET_TEMPLATE``) and reloads the checkpoint, checking it came back intact.
+* Negative control of the sidecar's memory check (``--hold-mib N --hold-at train:1``): in that phase
+  the rank allocates N MiB on its ``--device`` outside the state cache and keeps it until its next
+  phase begins, so the node's release finds it still held. On a machine without a GPU,
+  ``--gpu-memory-standin DIR`` makes the rank report those bytes in ``DIR/<pid>`` (the sidecar's
+  stand-in for NVML, ``rollmux sidecar --gpu-memory-standin DIR``) instead of allocating them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 
 _counts = {"sync": 0, "rollout": 0, "train": 0}
 _held: dict[str, Any] = {}  # what a relocation checkpoints: "policy" (the registered one), "path"
+_leak: dict[str, Any] = {}  # the memory-check control: "at" (phase, n), "nbytes", "device", "standin", "tensor"
 BOUNDARY_WAIT_S = 5.0
 """How long the rollout rank keeps acknowledging a directive while the trainer's Sync release is on its way."""
 
@@ -66,6 +72,34 @@ def _ungated() -> Iterator[None]:
     yield
 
 
+def _set_held_bytes(nbytes: int) -> None:
+    if _leak.get("standin"):
+        from rollmux.sidecar.gpu import write_standin_bytes
+
+        write_standin_bytes(_leak["standin"], os.getpid(), nbytes)
+
+
+@contextlib.contextmanager
+def _keeping_memory(gate: AbstractContextManager[Any], name: str, n: int) -> Iterator[None]:
+    """Run the gated phase; in the ``--hold-at`` phase, leave ``--hold-mib`` allocated past its end."""
+    if _leak.pop("tensor", None) is not None:  # the previous phase's: freed as this one begins
+        if str(_leak["device"]).startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()  # back to the driver, so NVML sees it gone
+        _set_held_bytes(0)
+    with gate:
+        yield
+        if _leak.get("at") == (name, n):
+            if _leak.get("standin"):  # no GPU: the bytes are only reported to the stand-in, never allocated
+                _leak["tensor"] = _leak["nbytes"]
+            else:
+                import torch
+
+                _leak["tensor"] = torch.ones(_leak["nbytes"], dtype=torch.uint8, device=_leak["device"])
+            _set_held_bytes(_leak["nbytes"])
+
+
 def phase_hook(name: str) -> AbstractContextManager[Any]:
     """The ``--phase-hook`` factory: this process's n-th call of `name` -> ``rollmux.phase``."""
     import rollmux
@@ -75,8 +109,8 @@ def phase_hook(name: str) -> AbstractContextManager[Any]:
         _honour_relocation(name)
     _counts[name] = n + 1
     if name == "sync":
-        return _ungated() if n == 0 else rollmux.phase("sync", iteration=n - 1)
-    return rollmux.phase(name, iteration=n)
+        return _ungated() if n == 0 else _keeping_memory(rollmux.phase("sync", iteration=n - 1), name, n - 1)
+    return _keeping_memory(rollmux.phase(name, iteration=n), name, n)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--init-method", required=True, help="gloo rendezvous, e.g. tcp://127.0.0.1:29500")
     p.add_argument("--cpus", default="", help="comma-separated CPU ids to pin this process to ('' = no pinning)")
     p.add_argument("--checkpoint-dir", default="", help="where a relocation checkpoints this rank ('' = the temp dir)")
+    p.add_argument("--hold-mib", type=int, default=0,
+                   help="memory-check control: MiB this rank keeps allocated after its --hold-at phase")
+    p.add_argument("--hold-at", default="", help="PHASE:ITERATION whose end leaves --hold-mib held (e.g. train:1)")
+    p.add_argument("--gpu-memory-standin", default="",
+                   help="no GPU: write the bytes held outside the state cache to DIR/<pid> (the sidecar's stand-in)")
     for f in dataclasses.fields(JobConfig):
         if f.name == "phase_hook":
             continue
@@ -110,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
 
     fields = {f.name for f in dataclasses.fields(job.JobConfig)}
     cfg = job.JobConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    if args.hold_mib and args.hold_at:
+        phase, _, it = args.hold_at.partition(":")
+        _leak.update(at=(phase, int(it or 0)), nbytes=args.hold_mib << 20, device=cfg.device,
+                     standin=args.gpu_memory_standin)
+    if args.gpu_memory_standin:
+        _leak["standin"] = args.gpu_memory_standin
+        _set_held_bytes(0)
     gated = rollmux.init(rank=args.rank)
     _held["path"] = os.path.join(args.checkpoint_dir or tempfile.gettempdir(),
                                  f"{cfg.job_id}-rank{args.rank}-{os.getpid()}.pt")

@@ -318,6 +318,25 @@ def test_topology_every_actor_rank_sends_and_the_world_is_kept_while_membership_
     assert cls.build_topology(2, 4, [*joined, fresh[1]])[0]["world_id"][0] != world  # a replica joined
 
 
+def test_ranks_sharing_a_gpu_under_nccl_are_refused_before_any_transfer() -> None:
+    """A co-located job: trainer and rollout workers report the same GPU from ``prepare``."""
+    import_external_libs(ENGINE_MODULE)
+    from rollmux.adapters.verl.checkpoint_engine import shared_gpus
+
+    cls = CheckpointEngineRegistry.get("rollmux")
+    master = {"host": "10.0.0.1", "port": 4242}
+    gpus = ["10.0.0.1/GPU-a", "10.0.0.1/GPU-b", "10.0.0.1/GPU-a", "10.0.0.1/GPU-c"]
+    workers = [{"world": None, "rank": -1, "size": 0, "trainers": 0, "master": master if i == 0 else None,
+                "gpu": g} for i, g in enumerate(gpus)]
+    assert shared_gpus(workers) == {"10.0.0.1/GPU-a": [0, 2]}
+    with pytest.raises(ValueError, match=r"ranks \[0, 2\] on GPU 10.0.0.1/GPU-a.*co-located"):
+        cls.build_topology(2, 2, workers)
+    apart = [{**w, "gpu": f"10.0.0.1/GPU-{i}"} for i, w in enumerate(workers)]
+    assert cls.build_topology(2, 2, apart)[1]["rank"] == [2, 3]
+    gloo = [{**w, "gpu": None} for w in workers]  # gloo reports no GPU: several ranks per GPU are fine
+    assert cls.build_topology(2, 2, gloo)[0]["rank"] == [0, 1]
+
+
 def test_backend_is_registered_by_the_opted_in_plugin_only(tmp_path: Any) -> None:
     from tests.adapters.conftest import run_fresh
 

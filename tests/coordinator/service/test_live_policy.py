@@ -237,11 +237,11 @@ def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch
     monkeypatch.setattr(regroup, "_pair_cost", lambda a, b, *args, **kw: priced.append(b.name) or real(a, b, *args, **kw))
     assert rt.policy.config.merge_candidates == 2
     gid = rt.jobs["F"].group_id
-    moves = regroup._pool_merge(rt.placement, rt.policy, "F", gid, rt._remaining_s)
+    moves = regroup._pool_merge(rt.placement, rt.policy, "F", gid, rt.relocation.remaining_s)
     assert priced == ["A", "B"] and moves  # stopped after two, and the best of them pays
     priced.clear()
     unbounded = type(rt.policy)(replace(rt.policy.config, merge_candidates=None))
-    regroup._pool_merge(rt.placement, unbounded, "F", gid, rt._remaining_s)
+    regroup._pool_merge(rt.placement, unbounded, "F", gid, rt.relocation.remaining_s)
     assert priced == ["A", "B", "C", "D", "E"]
 
 

@@ -119,3 +119,33 @@ def test_sync_plugin_transport_gives_the_same_run_as_broadcast(tmp_path: Path) -
     plugin = _run_job(tmp_path, "plugin", *args, "--sync", "plugin")
     keys = ("reward_mean", "resp_len_mean", "resp_len_max", "loss")
     assert [[r[k] for k in keys] for r in plugin] == [[r[k] for k in keys] for r in broadcast]
+
+
+def test_device_knob_is_validated() -> None:
+    assert parse_args(["--device", "cuda:1"]).device == "cuda:1"
+    with pytest.raises(ValueError, match="device='tpu'"):
+        JobConfig(device="tpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sync", ["broadcast", "plugin"])
+def test_job_runs_on_cuda_with_both_weight_transports(tmp_path: Path, sync: str) -> None:
+    records = _run_job(tmp_path, sync, "--iterations", "2", "--prompts", "4", "--group-size", "4",
+                       "--device", "cuda", "--sync", sync, "--kl-coef", "0.05")
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(r["loss"] == r["loss"] and 0.0 <= r["reward_mean"] <= 1.0 for r in records)  # finite, in range
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rollout_and_train_run_on_the_policys_device() -> None:
+    from rollmux.demo.tiny_grpo.job import build_policy, rollout, train
+
+    cfg = JobConfig(device="cuda", prompts=2, group_size=2, max_new_tokens=4)
+    policy = build_policy(cfg)
+    batch = rollout(policy, cfg, 0)
+    assert batch.sample.tokens.device.type == "cuda" and batch.rewards.device.type == "cpu"
+    loss = train(policy, torch.optim.Adam(policy.parameters()), batch, cfg)
+    assert loss == loss

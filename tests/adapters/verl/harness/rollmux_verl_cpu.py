@@ -11,8 +11,10 @@ What stands in for a GPU, and nothing more:
 * three CUDA-isms worked around: the duplicated "cpu:gloo" process-group backend, the forced
   ``pin_memory`` of FSDP2's CPU offload policy, and flash-attention in the value-head loader.
 
-The events this module sees (server sleep / wake / load_weights, with pid) go to the JSON-lines file
-named by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks. With ``RMX_START_FILE`` set,
+The events this module sees (server init / sleep / wake / load_weights and the workers' weight push, with
+pid and, on the multi-node cluster of ``tests/multinode``, the node label) go to the JSON-lines file named
+by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks. The ``hf_cpu`` server is a GPU process
+of the job: it attaches as a rank on its node's sidecar, as the adapter makes veRL's vLLM server one. With ``RMX_START_FILE`` set,
 the trainer's ``fit()`` records a ``start_gate`` event and waits for that file, so that the tests can
 start several jobs' first phases together (test control, not a GPU stand-in). Two more test controls,
 for ``benchmarks/verl_cpu.py``, the same in unset and opted-in jobs: with ``RMX_STEP_GATE`` (a folder)
@@ -47,6 +49,19 @@ def event(kind: str, **fields: Any) -> None:
     rec = {"kind": kind, "pid": os.getpid(), "t": time.time(), **fields}
     with open(path, "a") as f:
         f.write(json.dumps(rec) + "\n")
+
+
+NODE_LABEL = "rollmux.sim/node"
+"""The Ray node label naming a simulated node (tests/multinode: one raylet per node on this host)."""
+
+
+def node_label() -> str:
+    """This process's Ray node as its ``rollmux.sim/node`` label ("" outside a labelled cluster)."""
+    import ray
+
+    if not ray.is_initialized():
+        return ""
+    return str((ray.get_runtime_context().get_node_labels() or {}).get(NODE_LABEL, ""))
 
 
 # ------------------------------------------------------------------------------------------ platform

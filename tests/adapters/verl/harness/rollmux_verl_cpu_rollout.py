@@ -17,7 +17,8 @@ from typing import Any
 
 import ray
 import torch
-from rollmux_verl_cpu import event
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from rollmux_verl_cpu import event, node_label
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -41,6 +42,11 @@ class HFCPUServer:
         self.lock = asyncio.Lock()
         self.open = asyncio.Event()  # cleared by abort_all_requests: new requests wait, as vLLM parks them
         self.open.set()
+        event("server.init", node=node_label())
+        # a GPU process of the job: a rank on its node's sidecar, as the adapter makes vLLMHttpServer one
+        from rollmux.adapters.common.ranks import attach_here
+
+        attach_here(type(self).__name__)
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        **_: Any) -> TokenOutput:
@@ -137,22 +143,26 @@ class HFCPUServerAdapter(BaseRollout):
 
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
         state = {name: t.detach().to("cpu", copy=True) for name, t in weights}
+        event("worker.update_weights", node=node_label(), global_steps=kwargs.get("global_steps"))
         if self.leader:
             server = ray.get_actor(_server_name(self.replica_rank))
             await server.load_weights.remote(state, kwargs.get("global_steps"))
 
 
 class HFCPUReplica(RolloutReplica):
-    """One ``hf_cpu`` server per replica, started beside the trainer workers."""
+    """One ``hf_cpu`` server per replica, started on the node of the replica's trainer workers."""
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
 
     async def launch_servers(self) -> None:
         path = getattr(self.model_config, "local_path", None) or self.model_config.path
-        server = ray.remote(HFCPUServer).options(name=_server_name(self.replica_rank), num_cpus=0,
-                                                 max_concurrency=self.max_concurrency).remote(
-            path, int(getattr(self.config, "seed", 0) or 0))
+        options: dict[str, Any] = {"name": _server_name(self.replica_rank), "num_cpus": 0,
+                                   "max_concurrency": self.max_concurrency}
+        if self.workers:  # on its workers' node, as vLLMReplica pins its servers (a multi-node job)
+            node = await self.workers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        server = ray.remote(HFCPUServer).options(**options).remote(path, int(getattr(self.config, "seed", 0) or 0))
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"hf-cpu-{self.replica_rank}"

@@ -1,0 +1,337 @@
+"""`Runtime`: the one object the shell holds, wiring the runtime's parts and sequencing events between them.
+
+Every public method validates (through the part that owns the records) before it changes anything,
+and delegates to one part, or, where an event crosses parts, calls them in a fixed order (see the
+package docstring). Owns no field of its own; its attributes are the parts and read-only views of
+their fields (`jobs`, `permits`, `holder`, ...), kept for the shell, the status views and the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rollmux.coordinator.policy import ClusterState
+from rollmux.coordinator.policy.api import PlacementPolicy
+from rollmux.coordinator.policy.grants import Ring, current_turn
+from rollmux.coordinator.service.api import JobState, NodeState, PermitState, ServiceConfig
+from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord, RelocationRecord
+from rollmux.coordinator.service.runtime import stored
+from rollmux.coordinator.service.runtime.admission import Admission, Registered
+from rollmux.coordinator.service.runtime.directives import Directives
+from rollmux.coordinator.service.runtime.grants import GrantQueues
+from rollmux.coordinator.service.runtime.learning import PhaseLearning
+from rollmux.coordinator.service.runtime.leases import Leases, ReleaseResult
+from rollmux.coordinator.service.runtime.migration import LongTailMigration
+from rollmux.coordinator.service.runtime.nodes import NodeLiveness
+from rollmux.coordinator.service.runtime.relocation import Relocations
+from rollmux.coordinator.service.runtime.state import Clock, Notice, RuntimeState
+from rollmux.coordinator.service.states import PERMIT_PARKED
+from rollmux.model import ClusterSpec, JobSpec, Migration, Phase, Pool
+
+
+class Runtime:
+    """All live coordinator state; see the package docstring for the parts and the semantics."""
+
+    def __init__(self, cluster: ClusterSpec, config: ServiceConfig, *, clock: Clock,
+                 wall: Clock, policy: PlacementPolicy | None = None) -> None:
+        self.state = RuntimeState(cluster, config, clock=clock, wall=wall, policy=policy)
+        self.liveness = NodeLiveness(self.state)
+        self.learning = PhaseLearning(self.state)
+        self.grant_queues = GrantQueues(self.state, self.liveness)
+        self.leases = Leases(self.state, self.liveness, self.grant_queues, self.learning)
+        self.migration = LongTailMigration(self.state, self.leases, self.grant_queues)
+        self.directives = Directives(self.state)
+        self.admission = Admission(self.state, self.leases, self.grant_queues, self.learning, self.directives)
+        self.relocation = Relocations(self.state, self.directives, self.learning, self.admission, self.leases)
+
+    # ------------------------------------------------------- read-only views of the parts' fields
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.state.cluster
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self.state.config
+
+    @property
+    def clock(self) -> Clock:
+        return self.state.clock
+
+    @property
+    def wall(self) -> Clock:
+        return self.state.wall
+
+    @property
+    def meta(self) -> Meta:
+        return self.state.meta
+
+    @property
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self.state.nodes
+
+    @property
+    def jobs(self) -> dict[str, JobRecord]:
+        return self.state.jobs
+
+    @property
+    def permits(self) -> dict[str, PermitRecord]:
+        return self.state.permits
+
+    @property
+    def placement(self) -> ClusterState:
+        return self.state.placement
+
+    @property
+    def connected(self) -> set[str]:
+        return self.liveness.connected
+
+    @property
+    def holder(self) -> dict[str, str]:
+        return self.leases.holder
+
+    @property
+    def served(self) -> dict[str, str]:
+        return self.grant_queues.served
+
+    @property
+    def relocations(self) -> dict[str, RelocationRecord]:
+        return self.directives.relocations
+
+    @property
+    def learned(self) -> dict[str, list[tuple[float, float]]]:
+        return self.learning.learned
+
+    @property
+    def rescue_due(self) -> dict[str, None]:
+        return self.learning.rescue_due
+
+    @property
+    def replan(self) -> dict[str, None]:
+        return self.learning.replan
+
+    @property
+    def policy(self) -> PlacementPolicy:
+        return self.state.policy
+
+    @policy.setter
+    def policy(self, policy: PlacementPolicy) -> None:
+        self.state.policy = policy
+
+    @property
+    def queues(self) -> dict[str, list[str]]:
+        """node -> jobs waiting for it (derived; for status and metrics)."""
+        return self.grant_queues.queues
+
+    def queued_per_node(self) -> dict[str, int]:
+        return self.grant_queues.queued_per_node()
+
+    def take_changes(self) -> tuple[dict[str, str | None], list[Notice]]:
+        return self.state.take_changes()
+
+    def job(self, name: str) -> JobRecord:
+        return self.state.job(name)
+
+    def node(self, node_id: str) -> NodeRecord:
+        return self.state.node(node_id)
+
+    def pending(self) -> list[str]:
+        return self.state.pending()
+
+    def phase_nodes(self, job: JobRecord, phase: Phase) -> tuple[str, ...]:
+        return self.state.phase_nodes(job, phase)
+
+    # ------------------------------------------------------------------------------------- nodes
+    def register_node(self, *, node_id: str, pool: Pool, gpu_type: str, gpu_count: int,
+                      host_dram_bytes: int, nvml: dict[str, str]) -> NodeRecord:
+        return self.liveness.register_node(node_id=node_id, pool=pool, gpu_type=gpu_type, gpu_count=gpu_count,
+                                           host_dram_bytes=host_dram_bytes, nvml=nvml)
+
+    def node_connected(self, node_id: str) -> None:
+        if self.liveness.connect(node_id):
+            self._ready_again(node_id)
+
+    def node_disconnected(self, node_id: str) -> None:
+        self.liveness.disconnect(node_id)
+
+    def heartbeat(self, node_id: str, active_epochs: Iterable[int]) -> None:
+        """A sidecar heartbeat: a node whose heartbeats had lapsed is READY again, and the lease
+        holding the node is renewed if the node runs that epoch."""
+        if self.liveness.heard(node_id):
+            self._ready_again(node_id)
+        self.leases.heartbeat(node_id, active_epochs)
+
+    def _ready_again(self, node_id: str) -> None:
+        """A node became READY: grant what waits for it, and admit pending jobs that may fit now."""
+        self.leases.grant_waiting([node_id])
+        self.admission.try_admit()
+
+    def heartbeat_changes_state(self, node_id: str) -> bool:
+        return self.liveness.heartbeat_changes_state(node_id)
+
+    def drain_node(self, node_id: str) -> NodeState:
+        """Stop granting on a node and placing jobs on it; the running permit finishes."""
+        return self.liveness.drain(node_id, held=node_id in self.leases.holder)
+
+    # -------------------------------------------------------------------------------------- jobs
+    def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
+                     relayed_by: str = "") -> tuple[JobRecord, Registered]:
+        return self.admission.register_job(spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
+                                           relayed_by=relayed_by)
+
+    def try_admit(self) -> list[str]:
+        return self.admission.try_admit()
+
+    def remove_job(self, name: str, *, reason: str) -> list[str]:
+        """Remove a job in any state; revokes its lease. Returns the nodes its group released. The
+        group it left is then looked at for moves (`Relocations.departed`)."""
+        group_id = self.state.job(name).group_id
+        released = self.admission.remove_job(name, reason=reason)
+        self.relocation.departed(name, group_id)
+        return released
+
+    # ------------------------------------------------------------------------------------ leases
+    def acquire(self, name: str, phase: Phase, iteration: int) -> PermitRecord | None:
+        return self.leases.acquire(name, phase, iteration)
+
+    def renew(self, name: str, epoch: int) -> float:
+        return self.leases.renew(name, epoch)
+
+    def release(self, name: str, epoch: int, duration_s: float) -> ReleaseResult:
+        return self.leases.release(name, epoch, duration_s)
+
+    def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
+        return self.leases.advance(name, epoch, duration_s)
+
+    def report_progress(self, name: str, epoch: int, finished: int, total: int) -> Migration | None:
+        return self.migration.report_progress(name, epoch, finished, total)
+
+    # -------------------------------------------------------------------------------- relocation
+    def plan_relocations(self, group_ids: list[str]) -> RelocationRecord | None:
+        return self.relocation.plan_relocations(group_ids)
+
+    def plan_deferred(self) -> RelocationRecord | None:
+        return self.relocation.plan_deferred()
+
+    def ack_relocation(self, name: str, epoch: int) -> tuple[RelocationRecord, str]:
+        return self.relocation.ack_relocation(name, epoch)
+
+    def relocation_notices(self, node_id: str) -> list[Notice]:
+        """Pending directives a (re)connecting node's sidecar should hear of again."""
+        return self.directives.notices_for(node_id)
+
+    # --------------------------------------------------------------------------------- deadlines
+    def expire(self) -> list[str]:
+        """Turn silent nodes LOST, revoke every lease past its TTL, end directives past their deadline
+        (the job stays); returns the jobs whose lease expired.
+
+        A node whose stream is open but whose heartbeats lapsed (`ServiceConfig.heartbeat_lapse_s`)
+        turns LOST: nothing new is granted on it; its running lease, no longer renewed, expires here
+        after its TTL like any other.
+        """
+        self.liveness.lapse()
+        expired = self.leases.expire()
+        self.relocation.expire()
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """The earliest lease expiry, heartbeat lapse or directive deadline (when `expire` would change
+        something)."""
+        deadlines = (self.liveness.next_lapse(), self.leases.next_expiry(), self.directives.next_deadline())
+        return min((d for d in deadlines if d is not None), default=None)
+
+    @property
+    def deadline_horizon_s(self) -> float:
+        """Every deadline set from now on lies at least this far ahead (TTLs, lapses and directive
+        deadlines are constant)."""
+        config = self.state.config
+        return min(config.lease_ttl_s, config.heartbeat_lapse_s, config.relocation_deadline_s)
+
+    # ------------------------------------------------------------------------ views and invariants
+    def wait_reason(self, name: str) -> str:
+        """Why a job's permit is not granted yet, naming the blocker."""
+        state = self.state
+        job = state.job(name)
+        if job.state is JobState.PENDING:
+            pos = state.pending().index(name) + 1
+            return (f"job {name!r} is pending admission (position {pos}): the free nodes cannot host its "
+                    "placement yet")
+        permit = state.permits.get(name)
+        if permit is None:
+            return f"job {name!r} has no permit yet"
+        if permit.state in PERMIT_PARKED:
+            return f"job {name!r} {permit.phase.value}({permit.iteration}) lease {permit.state.value}"
+        what = f"{permit.phase.value}({permit.iteration})"
+        rings = self.grant_queues.rings(job.group_id) if permit.state is PermitState.QUEUED else {}
+        for n in state.phase_nodes(job, permit.phase):
+            blocker = self._blocker(name, n, rings.get(n))
+            if blocker is not None:
+                return f"{what} {blocker}"
+        return f"{what} {permit.state.value}"
+
+    def _blocker(self, name: str, node_id: str, ring: Ring | None) -> str | None:
+        """What on `node_id` keeps job `name` waiting (its turn, a holder, the node), or None."""
+        turn = None if ring is None else current_turn(ring, self.leases.parked())
+        if turn is not None and turn != name:
+            return (f"waits for its round-robin turn on node {node_id}: queued behind job {turn!r} "
+                    f"(turn order {', '.join(ring.order)})")  # type: ignore[union-attr]
+        holder = self.leases.holder
+        if node_id in holder and holder[node_id] != name:
+            return f"waits for node {node_id} held by job {holder[node_id]!r}"
+        if node_id not in holder and not self.liveness.usable(node_id):
+            return f"waits for node {node_id} ({self.state.nodes[node_id].state.value}, " \
+                   f"{'connected' if node_id in self.liveness.connected else 'sidecar not connected'})"
+        return None
+
+    def check_invariants(self) -> None:
+        """Mutual exclusion and round-robin turns on members; raises AssertionError naming the violation."""
+        state, holder = self.state, self.leases.holder
+        held: dict[str, str] = {}
+        for p in state.permits.values():
+            if p.state is PermitState.GRANTED:
+                for n in p.nodes:
+                    assert n not in held, f"node {n} held by both {held[n]} and {p.job}"
+                    held[n] = p.job
+        assert held == holder, f"holder map {holder} disagrees with leases {held}"
+        for p in state.permits.values():  # a lease holds only nodes of its job's group (relocation moved it whole)
+            job = state.jobs.get(p.job)
+            if p.state is PermitState.GRANTED and job is not None:
+                outside = set(p.nodes) - set(state.phase_nodes(job, p.phase))
+                assert not outside, f"{p.describe()} holds node(s) {sorted(outside)} outside job {p.job}'s group"
+        for n, job_name in self.grant_queues.served.items():
+            gid = state.placement.node_group.get(n)
+            ring = self.grant_queues.rings(gid).get(n) if gid is not None else None
+            assert ring is not None and job_name in ring.order, f"node {n} last served {job_name!r}, not a job using it"
+
+    # ------------------------------------------------------------------------------- stored form
+    def records(self) -> dict[str, str]:
+        """Every record in stored form (to seed a store)."""
+        return stored.records(self.state, self.grant_queues.served, self.directives.relocations,
+                              self.learning.learned)
+
+    @classmethod
+    def from_records(cls, records: dict[str, str], cluster: ClusterSpec, config: ServiceConfig, *,
+                     clock: Clock, wall: Clock, policy: PlacementPolicy | None = None) -> Runtime:
+        """Rebuild the runtime from stored records (coordinator restart or store recovery).
+
+        Leases restart their TTL (holders could not renew while the coordinator was away); nodes
+        start LOST until their sidecar reconnects.
+        """
+        rt = cls(cluster, config, clock=clock, wall=wall, policy=policy)
+        loaded = stored.parse(records)
+        rt.state.restore(loaded.meta, loaded.jobs)
+        rt.leases.restore(loaded.permits)
+        rt.grant_queues.restore(loaded.served)
+        rt.directives.restore(loaded.relocations)
+        rt.liveness.restore(loaded.nodes)
+        rt.admission.restore_groups(loaded.groups)
+        for name in rt.state.jobs:
+            rt.learning.restore(name, loaded.learned.get(name))
+        rt.check_invariants()
+        return rt
+
+
+def resolved_spec(spec: JobSpec, cluster: ClusterSpec) -> JobSpec:
+    """Fill missing times and state sizes with the profiler's estimates."""
+    from rollmux.coordinator.profiler import resolve
+
+    return resolve(spec, cluster)
