@@ -279,6 +279,9 @@ class JobSpec:
     t_roll_s: float | None = None  # worst-case solo rollout time, s (None: profiler estimate)
     t_train_s: float | None = None  # worst-case solo train time incl. sync, s (None: profiler estimate)
     deployment: Deployment | None = None  # fixed deployment mode; None: the coordinator chooses the cheapest
+    # Elastic training: its data parallelism may stretch over a group's whole training pool (pooled
+    # groups, pool merges). False (veRL, ROLL: a fixed world size): it trains on its own N_T GPUs only.
+    elastic: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(self.name), "job.name", self.name, "a non-empty string")
@@ -287,6 +290,7 @@ class JobSpec:
             modes = [d.value for d in Deployment]
             _require(self.deployment in modes, f"{p}.deployment", self.deployment, f"one of {modes} or None")
             object.__setattr__(self, "deployment", Deployment(self.deployment))
+        _require(isinstance(self.elastic, bool), f"{p}.elastic", self.elastic, "true or false")
         _positive(self.n_rollout_gpus, f"{p}.n_rollout_gpus", integer=True, high=MAX_JOB_GPUS)
         _positive(self.n_train_gpus, f"{p}.n_train_gpus", integer=True, high=MAX_JOB_GPUS)
         _require(_is_number(self.slo) and 1.0 <= self.slo <= MAX_SLO, f"{p}.slo", self.slo,
@@ -334,7 +338,7 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """Where one job of a group runs: its pinned rollout nodes; it trains on all training nodes."""
+    """Where one job of a group runs: its pinned rollout nodes (it trains on its own training nodes)."""
 
     job: str  # job name
     rollout_nodes: tuple[str, ...]  # node ids, in the group's rollout pool

@@ -135,10 +135,16 @@ class PolicyConfig:
     # 2,000 lone groups one pool-merge search took ~400 ms of its event loop (every call in flight
     # waited), ~0.2 ms per candidate. The simulator keeps None (its figures are unchanged).
     merge_candidates: int | None = None
+    # Admission lookahead (`policy.admission.place_pending`): with other jobs pending behind the one
+    # being admitted, compare its choices (its cheapest, its other new groups, its joins) by what the
+    # cluster costs once the next `lookahead_jobs` pending jobs are placed too; 0: place it alone.
+    lookahead_jobs: int = 8
 
     def __post_init__(self) -> None:
         if self.merge_candidates is not None and (not isinstance(self.merge_candidates, int) or self.merge_candidates < 1):
             raise SpecError(f"merge_candidates={self.merge_candidates!r} is invalid: expected an integer >= 1 or None (all)")
+        if not isinstance(self.lookahead_jobs, int) or self.lookahead_jobs < 0:
+            raise SpecError(f"lookahead_jobs={self.lookahead_jobs!r} is invalid: expected an integer >= 0")
         if not isinstance(self.max_group_size, int) or self.max_group_size < 1:
             raise SpecError(f"max_group_size={self.max_group_size!r} is invalid: expected an integer >= 1")
         if not isinstance(self.learn_min_samples, int) or not 1 <= self.learn_min_samples <= self.learn_window:

@@ -206,11 +206,12 @@ def _cycle_from(job: str, edges: Mapping[str, list[tuple[str, str]]], state: dic
 
 
 def group_rings(group: GroupState, served: Mapping[str, str]) -> dict[str, Ring]:
-    """The rings of a group's nodes: every member on the training nodes, the pinned jobs on each
-    rollout node, in member order, each turn following the job `served` last on the node."""
-    members = tuple(group.members)
+    """The rings of a group's nodes: the members that train on each training node (all of them on an
+    elastic member's, its own nodes only otherwise), the pinned jobs on each rollout node, in member
+    order, each turn following the job `served` last on the node."""
     rings = {}
     for n in group.train_nodes:
+        members = tuple(name for name, m in group.members.items() if n in m.train_nodes)
         if members:
             rings[n] = Ring.following(members, served.get(n))
     for n, node in group.rollout.items():

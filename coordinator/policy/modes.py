@@ -6,7 +6,11 @@ N_T training-pool GPUs. On other hardware:
 - Rollout is memory-bandwidth bound: time ~ 1 / HBM TB/s per GPU. It never runs faster for more
   GPUs than N_R (a synchronous rollout ends with its longest response, decoded sequentially on
   one replica), and slower in proportion on fewer.
-- Training is compute bound with a fixed global batch: time ~ 1 / (GPUs x TFLOPS).
+- Training is compute bound with a fixed global batch: time ~ 1 / (GPUs x TFLOPS). Only an elastic
+  job (`JobSpec.elastic`) stretches its data parallelism over more GPUs than its own: veRL and ROLL
+  fix their world size at start (`trainer.nnodes`, device mappings), so a job that is not elastic
+  trains on its own GPUs at its own speed in any group, however large the group's training pool
+  (`world_gpus`).
 - Co-located, a job swaps its rollout and training state on the same GPUs every phase (veRL
   offloads between phases): each phase first loads its state from pinned host DRAM; and its
   weights never cross the inter-cluster link, so the two-stage sync in its worst-case train time
@@ -47,6 +51,22 @@ def pool_of(deployment: Deployment) -> Pool:
 
 def colocated_mode(pool: Pool) -> Deployment:
     return Deployment.COLOCATED_ROLLOUT if pool is Pool.ROLLOUT else Deployment.COLOCATED_TRAIN
+
+
+def world_gpus(job: JobSpec, cluster: ClusterSpec, deployment: Deployment, gpus: int) -> int:
+    """GPUs of a group's `gpus`-GPU training pool that the job's Train runs on: all of them when it is
+    elastic, else its own (a fixed world size): its N_T GPUs disaggregated, and co-located the GPUs of
+    its largest lone co-located shape (whole nodes for max(N_R, N_T)), which is what it was started on."""
+    if job.elastic:
+        return gpus
+    if deployment is Deployment.DISAGGREGATED:
+        return min(gpus, job.n_train_gpus)
+    return min(gpus, cluster.nodes_for(max(job.n_rollout_gpus, job.n_train_gpus)) * cluster.gpus_per_node)
+
+
+def train_stretch(job: JobSpec, gpus: int) -> float:
+    """Disaggregated Train time on a `gpus`-GPU training pool over its solo time (1 unless elastic)."""
+    return job.n_train_gpus / (gpus if job.elastic else min(gpus, job.n_train_gpus))
 
 
 def roll_factor(job: JobSpec, cluster: ClusterSpec, pool: Pool, gpus: int) -> float:

@@ -1,7 +1,7 @@
 """The offline optimum for small instances: the cheapest partition of a job set into groups.
 
-All jobs are known and present at once. A group's cheapest configuration trains on
-max(N_T) GPUs and uses the fewest rollout nodes for which some pinning of its jobs keeps every
+All jobs are known and present at once. A group's cheapest configuration has max(N_T) training
+GPUs (each member trains on its own N_T of them, or on all when elastic) and uses the fewest rollout nodes for which some pinning of its jobs keeps every
 node's DRAM within capacity and every member within its SLO under the round-robin schedule
 (the same simulation as the online policy). Group costs are memoised per subset; subsets whose
 sub-subset is infeasible are skipped (removing a job never lengthens anyone's period nor adds
@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PolicyConfig, PolicyError
 from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
 from rollmux.model import ClusterSpec, JobSpec, Pool
@@ -48,12 +49,12 @@ class OptimalPartition:
 
 
 def _feasible_pinning(jobs: Sequence[JobSpec], train_gpus: int, m: int, cluster: ClusterSpec,
-                      config: PolicyConfig) -> dict[str, tuple[int, ...]] | None:
+                      config: PolicyConfig, slack: float = 1.0) -> dict[str, tuple[int, ...]] | None:
     """Depth-first search for a pinning of `jobs` on `m` rollout nodes; None if none is feasible."""
     dram = cluster.host_dram_bytes
     need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
-    t_train = [j.t_train_s * j.n_train_gpus / train_gpus for j in jobs]  # type: ignore[operator]
-    budgets = [j.slo * j.t_solo_s * (1 + config.slo_tolerance) for j in jobs]
+    t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
+    budgets = [j.slo * j.t_solo_s * (1 + config.slo_tolerance) / slack for j in jobs]
     used = [0] * m
     load = [0.0] * m
     chosen: list[tuple[int, ...]] = []
@@ -93,19 +94,28 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_gpus: int, m: int, cluster:
     return None
 
 
-def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: PolicyConfig) -> OptimalGroup | None:
-    """The cheapest feasible configuration of one group holding exactly `jobs`, or None."""
+def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: PolicyConfig,
+                   margins: bool = False) -> OptimalGroup | None:
+    """The cheapest feasible configuration of one group holding exactly `jobs`, or None.
+
+    With `margins`, every member's period stays within its budget / (1 + the co-execution margin the
+    online policy keeps for a group of this size, `placement.slo_check`), as a live group must."""
+    slack = 1.0
+    if margins and len(jobs) > 1:
+        from rollmux.coordinator.policy.placement import BIG_GROUP
+
+        slack += config.coexec_margin_big if len(jobs) >= BIG_GROUP else config.coexec_margin
     train_nodes = max(cluster.nodes_for(j.n_train_gpus) for j in jobs)
     train_gpus = train_nodes * cluster.gpus_per_node
     if sum(j.train_state_bytes for j in jobs) >= cluster.host_dram_bytes:  # type: ignore[misc]
         return None
-    t_train = [j.t_train_s * j.n_train_gpus / train_gpus for j in jobs]  # type: ignore[operator]
+    t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
     lower = max(sum(t_train), max(j.t_roll_s + t for j, t in zip(jobs, t_train)))  # type: ignore[operator]
-    if lower > min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance):
+    if lower > min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance) / slack:
         return None
     need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
     for m in range(max(need), sum(need) + 1):
-        pinning = _feasible_pinning(jobs, train_gpus, m, cluster, config)
+        pinning = _feasible_pinning(jobs, train_gpus, m, cluster, config, slack)
         if pinning is not None:
             cost = m * cluster.node_usd_per_h(Pool.ROLLOUT) + train_nodes * cluster.node_usd_per_h(Pool.TRAIN)
             return OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
@@ -127,8 +137,9 @@ def _alone(job: JobSpec, cluster: ClusterSpec, config: PolicyConfig) -> OptimalG
 
 
 def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = None,
-                      config: PolicyConfig | None = None) -> OptimalPartition:
-    """Minimum-cost partition of `jobs` (resolved) into feasible groups.
+                      config: PolicyConfig | None = None, margins: bool = False) -> OptimalPartition:
+    """Minimum-cost partition of `jobs` (resolved) into feasible groups; with `margins`, groups keep
+    the online policy's co-execution margins (`cheapest_group`), the problem a live coordinator solves.
 
     Raises:
         InstanceTooLargeError: more than MAX_OPT_JOBS jobs.
@@ -148,7 +159,7 @@ def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = Non
         if bin(mask).count("1") > config.max_group_size or any(mask & bad == bad for bad in infeasible):
             continue
         members = [jobs[i] for i in range(n) if mask >> i & 1]
-        g = cheapest_group(members, cluster, config) if len(members) > 1 else _alone(members[0], cluster, config)
+        g = cheapest_group(members, cluster, config, margins) if len(members) > 1 else _alone(members[0], cluster, config)
         group_of[mask] = g
         if g is None:
             infeasible.append(mask)

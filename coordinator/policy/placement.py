@@ -323,18 +323,7 @@ class RollMuxPolicy:
             profile = PhaseProfile.planned(job) if measured else self.initial_profile(job)
         rejections: list[Rejection] = []
         best = self._best_join(job, state, allowed, exclude, rejections, profile)
-        # A lone job's slowdown is its own time there over its own solo time: compare them on the
-        # same (prior-shrunk or learned) times, as its owner would measure both.
-        lone, yardstick = job, job.t_solo_s
-        if profile.learned:
-            lone, yardstick = replace(job, t_roll_s=profile.t_roll_s, t_train_s=profile.t_train_s), profile.t_solo_s
-        elif self.learner is not None and self.config.learn and not measured:
-            r, t = self.learner.shrink()
-            lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
-            yardstick = profile.t_solo_s  # the prior's: lone's solo iteration (less a margin before the prior exists)
-        options = new_group_options(lone, state.cluster, allowed)
-        budget = job.slo * yardstick * (1.0 + self.config.slo_tolerance)
-        feasible = [o for o in options if o.planned_s <= budget]
+        options, feasible, yardstick = self._new_groups(job, state.cluster, allowed, profile, measured)
         for o in options:
             if o not in feasible:
                 rejections.append(Rejection(group_id="new", strategy=Strategy.ISOLATED, reason=RejectReason.SLO,
@@ -344,8 +333,7 @@ class RollMuxPolicy:
             feasible = options[:1] if best is None else []
         fresh = min(feasible, key=lambda o: o.usd_per_h, default=None)
         reason = "; ".join(f"{o.deployment.value} alone ${o.usd_per_h:,.2f}/h" for o in feasible)
-        lone_period = None if fresh is None else (fresh.planned_s if profile.learned
-                                                  else fresh.planned_s * job.t_solo_s / yardstick)
+        lone_period = None if fresh is None else self._lone_period(fresh, job, profile, yardstick)
         if best is not None and fresh is not None and lone_period is not None and self.config.work_aware:
             t_ref = profile.t_solo_s if profile.learned else job.t_solo_s
             slower = join_costs_more_per_work(best[1].group, job.name, t_ref, best[0], best[2],
@@ -362,13 +350,64 @@ class RollMuxPolicy:
                 reason=f"cheapest feasible: {cand.deployment.value} in {cand.group.group_id} at +${delta:,.2f}/h"
                        + (f" vs {reason}" if reason else ""))
         assert fresh is not None
+        return self._isolated(job, fresh, profile, yardstick, tuple(rejections),
+                              reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
+                                     f"(planned slowdown {fresh.planned_s / yardstick:.2f} <= SLO {job.slo:.2f}) of {reason}")
+
+    def join_options(self, job: JobSpec, group: GroupState) -> list[PlacementDecision]:
+        """A decision for every placement of `job` in `group` that passes steps 1-3 (direct packing,
+        co-location, each rollout scaling), cheapest first; [] when the group is pruned."""
+        profile = self.initial_profile(job)
+        allowed = allowed_modes(job, self.config)
+        if group_prune_reason(group, job, self.config, allowed, profile) is not None:
+            return []
+        cands, _ = candidates(group, job, group._cluster, allowed)  # noqa: SLF001 (the group's own price table)
+        out = []
+        for cand in cands:
+            periods, rejected = slo_check(cand, job, self.config, profile)
+            if rejected is None and periods is not None:
+                delta = cand.new_nodes * group._cluster.node_usd_per_h(Pool.ROLLOUT)  # noqa: SLF001
+                out.append(PlacementDecision(
+                    job=job.name, strategy=cand.strategy, group_id=group.group_id, rollout_nodes=cand.existing_nodes,
+                    new_rollout_nodes=cand.new_nodes, new_train_nodes=0, delta_usd_per_h=delta, t_coexec_s=periods,
+                    deployment=cand.deployment,
+                    reason=f"{cand.deployment.value} in {group.group_id} at +${delta:,.2f}/h"))
+        return out
+
+    def alone_options(self, job: JobSpec, cluster: ClusterSpec) -> list[PlacementDecision]:
+        """A decision for each new group `job` could start that meets its SLO there, cheapest first."""
+        profile = self.initial_profile(job)
+        _, feasible, yardstick = self._new_groups(job, cluster, allowed_modes(job, self.config), profile, False)
+        return [self._isolated(job, o, profile, yardstick, (), reason=f"{o.deployment.value} alone")
+                for o in sorted(feasible, key=lambda o: o.usd_per_h)]
+
+    def _new_groups(self, job: JobSpec, cluster: ClusterSpec, allowed: tuple[Deployment, ...], profile: PhaseProfile,
+                    measured: bool) -> tuple[list[NewGroup], list[NewGroup], float]:
+        """Step 4: every new group the job could start, those meeting its SLO, and the solo time judged against."""
+        # A lone job's slowdown is its own time there over its own solo time: compare them on the
+        # same (prior-shrunk or learned) times, as its owner would measure both.
+        lone, yardstick = job, job.t_solo_s
+        if profile.learned:
+            lone, yardstick = replace(job, t_roll_s=profile.t_roll_s, t_train_s=profile.t_train_s), profile.t_solo_s
+        elif self.learner is not None and self.config.learn and not measured:
+            r, t = self.learner.shrink()
+            lone = replace(job, t_roll_s=job.t_roll_s * r, t_train_s=job.t_train_s * t)  # type: ignore[operator]
+            yardstick = profile.t_solo_s  # the prior's: lone's solo iteration (less a margin before the prior exists)
+        options = new_group_options(lone, cluster, allowed)
+        budget = job.slo * yardstick * (1.0 + self.config.slo_tolerance)
+        return options, [o for o in options if o.planned_s <= budget], yardstick
+
+    @staticmethod
+    def _lone_period(fresh: NewGroup, job: JobSpec, profile: PhaseProfile, yardstick: float) -> float:
+        return fresh.planned_s if profile.learned else fresh.planned_s * job.t_solo_s / yardstick
+
+    def _isolated(self, job: JobSpec, fresh: NewGroup, profile: PhaseProfile, yardstick: float,
+                  rejections: tuple[Rejection, ...], reason: str) -> PlacementDecision:
         return PlacementDecision(
             job=job.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
             new_rollout_nodes=fresh.rollout_nodes, new_train_nodes=fresh.train_nodes, delta_usd_per_h=fresh.usd_per_h,
-            t_coexec_s={job.name: lone_period}, rejections=tuple(rejections), deployment=fresh.deployment,
-            train_pool=fresh.train_pool,
-            reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
-                   f"(planned slowdown {fresh.planned_s / yardstick:.2f} <= SLO {job.slo:.2f}) of {reason}")
+            t_coexec_s={job.name: self._lone_period(fresh, job, profile, yardstick)}, rejections=rejections,
+            deployment=fresh.deployment, train_pool=fresh.train_pool, reason=reason)
 
     def _best_join(self, job: JobSpec, state: ClusterState, allowed: tuple[Deployment, ...], exclude: str | None,
                    rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:

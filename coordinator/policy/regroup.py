@@ -8,9 +8,10 @@ just left, a member at SLO risk) and proposes relocations at iteration boundarie
   when m is alone) and place it where the policy puts it with G excluded;
 - **pair merge**: two jobs that each sit alone become one disaggregated group (the first keeps
   an isolated shape, the second joins it) when that is cheaper than the two lone groups;
-- **pool merge** (`PolicyConfig.pool_merge`): two lone jobs become one disaggregated group on
-  *both* their training nodes (none bought): each Train stretches over the pooled nodes, the
-  Rollouts run on the cheap rollout pool. It costs more $/h than the lone groups and saves $ per
+- **pool merge** (`PolicyConfig.pool_merge`): two lone *elastic* jobs (`JobSpec.elastic`) become
+  one disaggregated group on *both* their training nodes (none bought): each Train stretches over
+  the pooled nodes, the Rollouts run on the cheap rollout pool. A job with a fixed world size
+  (veRL, ROLL) would train on its own nodes only, so pooling buys it nothing: never proposed. It costs more $/h than the lone groups and saves $ per
   iteration done (jobs end sooner), so it is weighed over the pair's remaining run.
 
 A relocation costs what the real system pays: stop at an iteration boundary, checkpoint, restart
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
@@ -279,8 +281,8 @@ def _pair_may_pay(a: JobSpec, b: JobSpec, alone_usd_per_h: float, state: Cluster
     if t_nodes * c.node_usd_per_h(Pool.TRAIN) + r_nodes * c.node_usd_per_h(Pool.ROLLOUT) >= alone_usd_per_h - 1e-9:
         return False
     gpus = t_nodes * c.gpus_per_node
-    t_a = (a.t_train_s or 0.0) * a.n_train_gpus / gpus
-    t_b = (b.t_train_s or 0.0) * b.n_train_gpus / gpus
+    t_a = (a.t_train_s or 0.0) * modes.train_stretch(a, gpus)
+    t_b = (b.t_train_s or 0.0) * modes.train_stretch(b, gpus)
     lower = max(t_a + t_b, (a.t_roll_s or 0.0) + t_a, (b.t_roll_s or 0.0) + t_b)
     return lower <= min(a.slo * a.t_solo_s, b.slo * b.t_solo_s) * (1 + 1e-9)
 
@@ -332,7 +334,7 @@ def _pool_may_pay(pa: PhaseProfile, a: JobSpec, pb: PhaseProfile, b: JobSpec, ro
     c = state.cluster
     t_nodes = c.nodes_for(a.n_train_gpus) + c.nodes_for(b.n_train_gpus)
     gpus = t_nodes * c.gpus_per_node
-    t_a, t_b = pa.t_train_s * a.n_train_gpus / gpus, pb.t_train_s * b.n_train_gpus / gpus
+    t_a, t_b = pa.t_train_s * modes.train_stretch(a, gpus), pb.t_train_s * modes.train_stretch(b, gpus)
     lower = max(t_a + t_b, pa.t_roll_s + t_a, pb.t_roll_s + t_b)
     usd = (t_nodes * c.node_usd_per_h(Pool.TRAIN)
            + max(c.nodes_for(a.n_rollout_gpus), c.nodes_for(b.n_rollout_gpus)) * c.node_usd_per_h(Pool.ROLLOUT))
@@ -357,7 +359,7 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     a_member = group.members[name]
     a = a_member.spec
     n_a = remaining(name) / a.t_solo_s  # iterations left
-    if n_a <= 0 or Deployment.DISAGGREGATED not in _allowed(a, config):
+    if n_a <= 0 or not a.elastic or Deployment.DISAGGREGATED not in _allowed(a, config):
         return None
     p_a = a_member.t_roll_s + a_member.t_train_in_group_s
     best: tuple[float, list[Move]] | None = None
@@ -365,7 +367,7 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     for other, b_name, b_member in _lone_jobs(state, but=gid):
         b = b_member.spec
         n_b = remaining(b_name) / b.t_solo_s
-        if n_b <= 0 or Deployment.DISAGGREGATED not in _allowed(b, config):
+        if n_b <= 0 or not b.elastic or Deployment.DISAGGREGATED not in _allowed(b, config):
             continue
         p_b = b_member.t_roll_s + b_member.t_train_in_group_s  # a lone group runs at its member's own cycle
         if not _pool_may_pay(a_member.profile, a, b_member.profile, b, group.usd_per_h * p_a + other.usd_per_h * p_b,

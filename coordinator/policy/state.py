@@ -54,6 +54,7 @@ class Member:
     spec: JobSpec  # resolved (times and state bytes present)
     rollout_nodes: tuple[str, ...]  # () when co-located
     deployment: Deployment
+    train_nodes: tuple[str, ...]  # the group's training nodes its Train (co-located: every phase) runs on
     roll_factor: float  # rollout time in this group over the solo rollout (hardware; 1 when disaggregated)
     train_factor: float  # train time in this group over the solo train (stretch to the pool, hardware)
     switch_roll_s: float  # warm load before each Rollout (co-located only; planned)
@@ -140,10 +141,18 @@ class GroupState:
     def timings(self) -> list[MemberTiming]:
         return [m.timing() for m in self.members.values()]
 
-    def stretched_train_s(self, job: JobSpec) -> float:
-        """Train time when the job's data parallelism stretches to this group's pool (linear)."""
+    def stretched_train_s(self, job: JobSpec, deployment: Deployment = Deployment.DISAGGREGATED) -> float:
+        """Train time in this group: stretched over the whole pool (linear) only when the job is
+        elastic; otherwise on its own GPUs (`modes.world_gpus`), at its solo speed on this pool's GPU type."""
         assert job.t_train_s is not None
-        return job.t_train_s * modes.train_factor(job, self._cluster, self.train_pool, self.train_gpus)
+        world = modes.world_gpus(job, self._cluster, deployment, self.train_gpus)
+        return job.t_train_s * modes.train_factor(job, self._cluster, self.train_pool, world)
+
+    def own_train_nodes(self, job: JobSpec, deployment: Deployment) -> tuple[str, ...]:
+        """The training nodes `job` runs on here (its permits name these): all when elastic, else the
+        first whole nodes of the pool that hold its own GPUs (a fixed world size)."""
+        world = modes.world_gpus(job, self._cluster, deployment, self.train_gpus)
+        return self.train_nodes[: self._cluster.nodes_for(world)]
 
     def allows(self, deployment: Deployment) -> bool:
         """Disaggregated members need a training-pool group; co-located ones run on the group's own pool."""
@@ -154,10 +163,12 @@ class GroupState:
     def make_member(self, job: JobSpec, rollout_nodes: tuple[str, ...], deployment: Deployment,
                     profile: PhaseProfile | None = None) -> Member:
         """`job` as a member of this group in `deployment` (not added)."""
-        c, pool, gpus = self._cluster, self.train_pool, self.train_gpus
+        c, pool = self._cluster, self.train_pool
+        gpus = modes.world_gpus(job, c, deployment, self.train_gpus)
         colocated = deployment is not Deployment.DISAGGREGATED
         sw_r, sw_t = modes.switch_s(job, c) if colocated else (0.0, 0.0)
         return Member(spec=job, rollout_nodes=() if colocated else rollout_nodes, deployment=deployment,
+                      train_nodes=self.own_train_nodes(job, deployment),
                       roll_factor=modes.roll_factor(job, c, pool, gpus) if colocated else 1.0,
                       train_factor=modes.train_factor(job, c, pool, gpus), switch_roll_s=sw_r, switch_train_s=sw_t,
                       profile=profile or PhaseProfile.planned(job))

@@ -46,6 +46,7 @@ class TraceJob:
     model: str = ""  # model label, e.g. "7B" (sizes the weight sync and cold starts)
     max_tokens: int = 8192  # max response tokens per turn
     turns: int = 1  # 1 = single turn; > 1 = multi-turn
+    elastic: bool = False  # its Train may stretch over a pooled training pool (`JobSpec.elastic`)
 
     @property
     def model_params_b(self) -> float:

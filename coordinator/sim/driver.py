@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.executor import run_schedule
 from rollmux.coordinator.policy.intra_group import (
@@ -107,6 +108,9 @@ class _Replay:
         self._max_moves = config.max_moves_per_job if config is not None else 0  # relocations one job may take
         for j in trace:
             heapq.heappush(self.events, (j.arrival_s, _ARRIVAL, next(self.seq), j.job_id, 0))
+        self._arriving: dict[float, list[str]] = {}  # arrival time -> jobs arriving then (pending together)
+        for j in trace:
+            self._arriving.setdefault(j.arrival_s, []).append(j.job_id)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> PolicyRun:
@@ -139,7 +143,10 @@ class _Replay:
 
     def _arrive(self, job_id: str, t: float) -> None:
         spec = self.specs[job_id]
-        decision = self.policy.place(spec, self.state)
+        # Jobs arriving at the same instant are pending together, as in the live admission.
+        together = [self.specs[j] for j in self._arriving[self.trace[job_id].arrival_s]
+                    if j != job_id and j not in self.state.job_group and j not in self.outcomes]
+        decision = place_pending(self.policy, spec, self.state, together)
         if decision.group_id is not None:
             self._settle(decision.group_id, t)
         group = self.state.apply(spec, decision)
@@ -239,8 +246,8 @@ class _Replay:
         shares = [m.colocated or any(len(group.rollout[n].jobs) > 1 for n in m.rollout_nodes) for m in ms]
         draws: list[JobDraws] = [self.ctx.draws[j] for j in members]
         base = [self.jobs[j].done_iters for j in members]
-        # Every member trains on the whole training pool (its data parallelism stretches to it), at
-        # the pool's speed; a co-located Rollout runs at the speed of the group's GPUs.
+        # A member trains on its own GPUs (on the whole training pool only when elastic), at the
+        # pool's speed; a co-located Rollout runs at the speed of the group's GPUs.
         stretch = [m.train_factor for m in ms]
         roll_x = [m.roll_factor for m in ms]
         # A co-located member's weights stay on its GPUs: no sync over the inter-cluster link.

@@ -18,6 +18,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementPolicy, PolicyConfig
 from rollmux.coordinator.policy.baselines import MostIdlePolicy, RandomPolicy
 from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
@@ -71,7 +72,7 @@ def _partition_throughput(partition: OptimalPartition, jobs: Sequence[JobSpec], 
     for g in partition.groups:
         train_gpus = g.train_nodes * cluster.gpus_per_node
         members = [by_name[n] for n in g.jobs]
-        timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=j.t_train_s * j.n_train_gpus / train_gpus,  # type: ignore[arg-type, operator]
+        timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=j.t_train_s * modes.train_stretch(j, train_gpus),  # type: ignore[arg-type, operator]
                                 rollout_nodes=g.pinning[j.name]) for j in members]
         period = cycle_time(timings)
         total += sum(j.t_solo_s / period for j in members)

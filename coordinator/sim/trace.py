@@ -143,7 +143,7 @@ def to_job_spec(job: TraceJob, cluster: ClusterSpec) -> JobSpec:
                        slo=job.slo, model_params_b=job.model_params_b, max_tokens=job.max_tokens,
                        turns=job.turns, rollout_state_bytes=int(job.rollout_state_gb * GB),
                        train_state_bytes=int(job.train_state_gb * GB), t_roll_s=job.t_roll_s,
-                       t_train_s=job.t_train_s)
+                       t_train_s=job.t_train_s, elastic=job.elastic)
         spec.validate_for(cluster)
     except SpecError as exc:
         raise TraceError(f"job {job.job_id}: {exc}") from None

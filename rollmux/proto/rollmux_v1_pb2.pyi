@@ -39,7 +39,7 @@ WAIT_OUTCOME_TIMEOUT: WaitOutcome
 WAIT_OUTCOME_JOB_REMOVED: WaitOutcome
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "n_rollout_gpus", "n_train_gpus", "slo", "model_params_b", "max_tokens", "batch_size", "turns", "rollout_state_bytes", "train_state_bytes", "t_roll_s", "t_train_s", "deployment")
+    __slots__ = ("name", "n_rollout_gpus", "n_train_gpus", "slo", "model_params_b", "max_tokens", "batch_size", "turns", "rollout_state_bytes", "train_state_bytes", "t_roll_s", "t_train_s", "deployment", "elastic")
     NAME_FIELD_NUMBER: _ClassVar[int]
     N_ROLLOUT_GPUS_FIELD_NUMBER: _ClassVar[int]
     N_TRAIN_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class JobSpec(_message.Message):
     T_ROLL_S_FIELD_NUMBER: _ClassVar[int]
     T_TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     n_rollout_gpus: int
     n_train_gpus: int
@@ -66,7 +67,8 @@ class JobSpec(_message.Message):
     t_roll_s: float
     t_train_s: float
     deployment: str
-    def __init__(self, name: _Optional[str] = ..., n_rollout_gpus: _Optional[int] = ..., n_train_gpus: _Optional[int] = ..., slo: _Optional[float] = ..., model_params_b: _Optional[float] = ..., max_tokens: _Optional[int] = ..., batch_size: _Optional[int] = ..., turns: _Optional[int] = ..., rollout_state_bytes: _Optional[int] = ..., train_state_bytes: _Optional[int] = ..., t_roll_s: _Optional[float] = ..., t_train_s: _Optional[float] = ..., deployment: _Optional[str] = ...) -> None: ...
+    elastic: bool
+    def __init__(self, name: _Optional[str] = ..., n_rollout_gpus: _Optional[int] = ..., n_train_gpus: _Optional[int] = ..., slo: _Optional[float] = ..., model_params_b: _Optional[float] = ..., max_tokens: _Optional[int] = ..., batch_size: _Optional[int] = ..., turns: _Optional[int] = ..., rollout_state_bytes: _Optional[int] = ..., train_state_bytes: _Optional[int] = ..., t_roll_s: _Optional[float] = ..., t_train_s: _Optional[float] = ..., deployment: _Optional[str] = ..., elastic: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("job", "phase", "iteration", "epoch", "nodes", "ttl_s")

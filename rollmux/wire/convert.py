@@ -66,6 +66,8 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
             kwargs[f] = getattr(msg, f)
     if msg.deployment:
         kwargs["deployment"] = msg.deployment  # validated by JobSpec (one of the Deployment values)
+    if msg.elastic:
+        kwargs["elastic"] = True
     try:
         return JobSpec(**kwargs)  # type: ignore[arg-type]
     except SpecError as exc:
@@ -76,7 +78,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
     msg = pb.JobSpec(name=spec.name, n_rollout_gpus=spec.n_rollout_gpus, n_train_gpus=spec.n_train_gpus,
                      slo=spec.slo, model_params_b=spec.model_params_b, max_tokens=spec.max_tokens,
                      batch_size=spec.batch_size, turns=spec.turns,
-                     deployment="" if spec.deployment is None else spec.deployment.value)
+                     deployment="" if spec.deployment is None else spec.deployment.value, elastic=spec.elastic)
     for f in ("rollout_state_bytes", "train_state_bytes", "t_roll_s", "t_train_s"):
         v = getattr(spec, f)
         if v is not None:

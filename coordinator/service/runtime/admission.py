@@ -17,6 +17,7 @@ from dataclasses import replace
 from enum import Enum
 
 from rollmux.coordinator.policy import RollMuxPolicy
+from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.api import (
@@ -190,7 +191,8 @@ class Admission:
         (`occupancy`: the job would rather go alone on nodes the fleet does not have), the decision
         with `work_aware` off, which takes that join instead of leaving the job pending."""
         policy = self.state.policy
-        decision = policy.place(spec, self.state.placement)
+        decision = place_pending(policy, spec, self.state.placement,  # knowing the jobs pending behind it
+                                 [self.state.jobs[n].spec for n in self.state.pending() if n != spec.name])
         if (not decision_fits(decision, free) and isinstance(policy, RollMuxPolicy)
                 and policy.config.work_aware
                 and any(r.reason is RejectReason.OCCUPANCY for r in decision.rejections)):

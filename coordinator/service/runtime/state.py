@@ -164,7 +164,7 @@ class RuntimeState:
         member = group.members[job.name]
         if phase is Phase.ROLLOUT and not member.colocated:
             return member.rollout_nodes
-        return group.train_nodes  # Train and Sync, and a co-located job's Rollout
+        return member.train_nodes  # Train and Sync, and a co-located job's Rollout: its own training nodes
 
     def job_nodes(self, job: JobRecord) -> tuple[str, ...]:
         """Every node an admitted job's phases run on (rollout first)."""

@@ -153,7 +153,7 @@ def test_two_lone_jobs_are_merged_into_one_group_when_that_pays() -> None:
 def _lone_train_heavy_pair(config: PolicyConfig) -> tuple[ClusterState, RollMuxPolicy]:
     state, policy = ClusterState(), RollMuxPolicy(config)
     for name in ("a", "b"):  # too train-heavy to share one training node within SLO 1.5
-        job = make_job(name, roll=40, train=160, slo=1.5)
+        job = replace(make_job(name, roll=40, train=160, slo=1.5), elastic=True)  # pooling needs elastic Trains
         decision = policy.place(job, state)
         assert decision.deployment is Deployment.COLOCATED_TRAIN and decision.group_id is None
         state.apply(job, decision)

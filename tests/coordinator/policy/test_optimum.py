@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -64,3 +65,14 @@ def test_optimum_groups_cover_every_job_once() -> None:
 def test_too_large_instance_is_refused_clearly() -> None:
     with pytest.raises(InstanceTooLargeError, match="at most 14 jobs, got 15"):
         optimal_partition(random_jobs(0, 15))
+
+
+
+def test_with_margins_the_optimum_keeps_the_online_policys_co_execution_margin() -> None:
+    # b's SLO is its solo time: sharing the training pool at exactly that period is feasible on fixed
+    # times, and not with the 2% margin a live join keeps below every member's budget.
+    a, b = make_job("a", roll=100, train=100, slo=2.0), make_job("b", roll=100, train=100, slo=1.0)
+    config = PolicyConfig()
+    assert cheapest_group([a, b], ClusterSpec(), config) is not None
+    assert cheapest_group([a, b], ClusterSpec(), config, margins=True) is None
+    assert cheapest_group([a, replace(b, slo=1.03)], ClusterSpec(), config, margins=True) is not None

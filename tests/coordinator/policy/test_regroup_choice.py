@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
@@ -13,7 +15,8 @@ REMAINING_S = 1e7
 
 def _lone_pair(config: PolicyConfig) -> tuple[ClusterState, RollMuxPolicy]:
     state, policy = ClusterState(), RollMuxPolicy(config)
-    for job in (make_job("a", roll=40, train=160, slo=1.5), make_job("b", roll=40, train=160, slo=1.5)):
+    for name in ("a", "b"):  # elastic: a pool merge may stretch their Trains over both training nodes
+        job = replace(make_job(name, roll=40, train=160, slo=1.5), elastic=True)
         state.apply(job, policy.place(job, state))
     return state, policy
 

@@ -65,11 +65,11 @@ def add_nodes(rt: Runtime, *, rollout: int, train: int, first_rollout: int = 0, 
         rt.node_connected(node_id)
 
 
-def add_jobs(rt: Runtime, names: str, *, t_roll_s: float, t_train_s: float, slo: float) -> None:
+def add_jobs(rt: Runtime, names: str, *, t_roll_s: float, t_train_s: float, slo: float, elastic: bool = False) -> None:
     """Register one 8 + 8-GPU job per letter of `names`, with these planned times."""
     for name in names:
         s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, t_roll_s=t_roll_s, t_train_s=t_train_s, slo=slo,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+                    rollout_state_bytes=10**9, train_state_bytes=10**9, elastic=elastic)
         rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
 
 
@@ -78,7 +78,7 @@ def two_lone_jobs(n_train: int = 3, config: ServiceConfig | None = None) -> Runt
     pooling both training nodes in one group (one rollout node) meets both SLOs for less."""
     rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
     add_nodes(rt, rollout=2, train=n_train)
-    add_jobs(rt, "AB", t_roll_s=100, t_train_s=300, slo=1.3)
+    add_jobs(rt, "AB", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)  # elastic: their Trains may pool
     assert [rt.jobs[n].group_id for n in "AB"] == ["g0", "g1"]
     rt.take_changes()
     return rt
@@ -151,7 +151,7 @@ def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> 
     add_nodes(rt, rollout=3, train=4)
     for name, n_train, t_train in (("A", 16, 300), ("B", 8, 150)):  # A trains on two nodes: it opens the pool
         s = JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=n_train, t_roll_s=100, t_train_s=t_train, slo=1.3,
-                    rollout_state_bytes=10**9, train_state_bytes=10**9)
+                    rollout_state_bytes=10**9, train_state_bytes=10**9, elastic=True)
         rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
     a = rt.plan_relocations(["g1"])  # planned for B; the directive returned is the first half's
     assert a is not None and a.job == "A"
@@ -230,7 +230,7 @@ def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch
     monkeypatch.setattr(state_mod, "LIVE_MERGE_CANDIDATES", 2)
     rt = two_lone_jobs(n_train=6)
     add_nodes(rt, rollout=4, train=0, first_rollout=2)
-    add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3)
+    add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)
     assert len({rt.jobs[n].group_id for n in "ABCDEF"}) == 6
     priced: list[str] = []
     real = regroup._pair_cost
@@ -243,3 +243,37 @@ def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch
     unbounded = type(rt.policy)(replace(rt.policy.config, merge_candidates=None))
     regroup._pool_merge(rt.placement, unbounded, "F", gid, rt.relocation.remaining_s)
     assert priced == ["A", "B", "C", "D", "E"]
+
+
+# ------------------------------------------------------------------------------------------------
+# admission with lookahead (policy.admission.place_pending)
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lookahead", [8, 0], ids=["lookahead", "one-by-one"])
+def test_jobs_pending_together_are_admitted_together(lookahead: int) -> None:
+    # Three 32-GPU jobs wait for nodes; one by one the first goes alone co-located (no other job can
+    # share that group), knowing the others are pending it opens one they share: the offline optimum
+    # (tests/coordinator/policy/test_admission.py has the same three).
+    from rollmux.coordinator.policy import RollMuxPolicy
+    from rollmux.coordinator.policy.optimum import optimal_partition
+    from rollmux.coordinator.service.runtime.state import live_policy_config
+
+    config = ServiceConfig(deployment_modes=True)
+    policy = RollMuxPolicy(replace(live_policy_config(config), lookahead_jobs=lookahead))
+    rt = Runtime(ClusterSpec(), config, clock=(clock := FakeClock()), wall=clock, policy=policy)
+    specs = [resolve(JobSpec(name=name, n_rollout_gpus=32, n_train_gpus=32, t_roll_s=roll, t_train_s=train, slo=slo,
+                             rollout_state_bytes=10**9, train_state_bytes=10**9), ClusterSpec())
+             for name, roll, train, slo in (("a", 167, 47, 1.2), ("b", 170, 328, 1.95), ("c", 238, 549, 1.66))]
+    for s in specs:
+        rt.register_job(s, token_sha256="t", nonce_sha256="n" + s.name)
+    assert rt.pending() == ["a", "b", "c"]  # no node yet
+    for node_id, pool in (*((f"r{i}", Pool.ROLLOUT) for i in range(12)), *((f"t{i}", Pool.TRAIN) for i in range(12))):
+        rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
+                         host_dram_bytes=TB, nvml={})
+    for node_id in sorted(rt.nodes, key=lambda n: (n[0] == "r", int(n[1:]))):  # training nodes first: all fit
+        rt.node_connected(node_id)
+    assert rt.pending() == []
+    rt.check_invariants()
+    optimum = optimal_partition(specs, ClusterSpec(), policy.config).usd_per_h
+    usd = rt.placement.usd_per_h
+    assert usd == pytest.approx(optimum) if lookahead else usd > optimum * 1.2

@@ -62,7 +62,8 @@ class Scenario:
 
 
 def pool_merge(planned_x: int) -> Scenario:
-    return Scenario(specs=tuple(job_spec(n, t_roll_s=0.2 * planned_x, t_train_s=0.6 * planned_x, slo=1.3) for n in "AB"),
+    return Scenario(specs=tuple(replace(job_spec(n, t_roll_s=0.2 * planned_x, t_train_s=0.6 * planned_x, slo=1.3), elastic=True)
+                                for n in "AB"),  # elastic: a pool merge stretches their Trains
                     phase_s={n: PHASE_S for n in "AB"})
 
 
@@ -84,7 +85,7 @@ def uneven_pool_merge() -> Scenario:
     of all three training nodes, opened by A (the larger training pool), meets both SLOs for less."""
     times = {"A": (16, 0.3), "B": (8, 0.15)}
     specs = tuple(JobSpec(name=n, n_rollout_gpus=8, n_train_gpus=gpus, t_roll_s=0.1, t_train_s=t, slo=1.3,
-                          rollout_state_bytes=10**9, train_state_bytes=10**9) for n, (gpus, t) in times.items())
+                          rollout_state_bytes=10**9, train_state_bytes=10**9, elastic=True) for n, (gpus, t) in times.items())
     return Scenario(specs=specs, fleet=(3, 4), merged=(1, 3),
                     phase_s={n: {Phase.ROLLOUT: 0.075, Phase.TRAIN: 0.75 * t, Phase.SYNC: 0.05}
                              for n, (_, t) in times.items()})
@@ -319,7 +320,7 @@ def test_the_planner_weighs_a_pool_merge_over_what_the_jobs_run_at_their_learned
     for planned_x in (1, 10, 100):
         rt = Runtime(ClusterSpec(), ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
         add_nodes(rt, rollout=2, train=3)
-        add_jobs(rt, "AB", t_roll_s=0.2 * planned_x, t_train_s=0.6 * planned_x, slo=1.3)
+        add_jobs(rt, "AB", t_roll_s=0.2 * planned_x, t_train_s=0.6 * planned_x, slo=1.3, elastic=True)
         for _ in range(LEARNED_AFTER):
             for name in "AB":
                 to_boundary(rt, name, tuple(PHASE_S.values()))  # type: ignore[arg-type]

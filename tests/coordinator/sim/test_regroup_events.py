@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.workload import generate
@@ -32,7 +34,7 @@ def test_two_lone_jobs_pair_up_once_the_newcomers_times_are_learned() -> None:
 def test_a_pool_merge_survivor_takes_the_return_move_the_merge_priced_in() -> None:
     # Seeded train-heavy trace (20 jobs, seed 0) with a cap of one move per job: every pool merge's
     # survivor has used its move when its partner ends, and only the return move lets it leave.
-    trace = generate("train-heavy", 20, 0, "U(1,2)")
+    trace = [replace(j, elastic=True) for j in generate("train-heavy", 20, 0, "U(1,2)")]  # pool merges need elastic jobs
     on, on_summary = _run(trace, max_moves_per_job=1)
     off, off_summary = _run(trace, max_moves_per_job=1, pool_return=False)
     assert on.relocations > off.relocations
