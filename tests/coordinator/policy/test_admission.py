@@ -10,7 +10,7 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.model import Deployment
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 
 def _pending() -> list:

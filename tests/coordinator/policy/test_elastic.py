@@ -12,7 +12,7 @@ from rollmux.coordinator.policy.grants import group_rings
 from rollmux.coordinator.policy.optimum import cheapest_group
 from rollmux.coordinator.policy.regroup import plan_moves
 from rollmux.model import ClusterSpec, Deployment
-from rollmux.testing import make_job
+from rollmux.testing.builders import make_job
 
 
 def _two_node_group_with_small_member(elastic: bool) -> ClusterState:
