@@ -23,8 +23,11 @@ from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess, Sideca
 SECRET = "multinode-bootstrap-secret"
 NODES = (("n0", "rollout", 0), ("n1", "train", 1), ("n2", "train", 1))
 """(node id, pool, Ray GPUs) of each node, the head first."""
-HEAD_CPUS, WORKER_CPUS = 4, 6
-"""Logical Ray CPUs: a veRL worker bundle takes 3 CPUs, its rollout server none."""
+HEAD_CPUS, WORKER_CPUS = 0, 8
+"""Logical Ray CPUs: a veRL worker bundle takes 3 CPUs, its rollout server none. The head gets none, so
+the job's controller (veRL's TaskRunner, a rank that gates the phases) runs on one of the job's own
+nodes: a rank attached on a node outside the job's placement is refused (I4), and Ray would otherwise
+put the unpinned TaskRunner on the head now and then."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
