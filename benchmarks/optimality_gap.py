@@ -45,7 +45,7 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.admission import place_pending  # noqa: E402
 from rollmux.coordinator.policy.optimum import optimal_partition  # noqa: E402
 from rollmux.coordinator.policy.regroup import apply_moves, move_cap, place_batch, plan_moves  # noqa: E402
-from rollmux.coordinator.service.api import ServiceConfig  # noqa: E402
+from rollmux.coordinator.service.runtime.api import ServiceConfig  # noqa: E402
 from rollmux.coordinator.service.runtime.state import live_policy_config  # noqa: E402
 from rollmux.model import JobSpec  # noqa: E402
 

@@ -392,7 +392,7 @@ class Migration:
 
 
 class RelocationState(str, Enum):
-    """Where a relocation directive stands (coordinator/service/states.py has its transitions)."""
+    """Where a relocation directive stands (coordinator/service/runtime/states.py has its transitions)."""
 
     PENDING = "pending"  # issued; the job has not switched yet
     SWITCHED = "switched"  # the job acknowledged at an iteration boundary: its membership moved

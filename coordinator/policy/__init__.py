@@ -1,6 +1,6 @@
 """The pure scheduling policy: placement (Algorithm 1), intra-group schedule, offline optimum.
 
-Importing this package registers the built-in policies by name (see `api.create_policy`).
+Policies are built by name with `registry.create_policy`.
 """
 
 from rollmux.coordinator.policy.api import (
@@ -11,11 +11,9 @@ from rollmux.coordinator.policy.api import (
     Rejection,
     RejectReason,
     Strategy,
-    create_policy,
-    register_policy,
-    registered_policies,
 )
 from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.registry import create_policy, register_policy, registered_policies
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 
 __all__ = [

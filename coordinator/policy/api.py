@@ -7,7 +7,6 @@ values carrying a reason code and a message, so an operator can ask why a job we
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
@@ -200,33 +199,3 @@ class PlacementPolicy(Protocol):
     def place(self, job: JobSpec, state: ClusterState) -> PlacementDecision: ...
 
 
-_REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
-
-
-def register_policy(name: str, factory: Callable[..., PlacementPolicy]) -> None:
-    """Make a policy available by name to the simulator, benchmarks and coordinator."""
-    _REGISTRY[name] = factory
-
-
-def create_policy(name: str, **kwargs: object) -> PlacementPolicy:
-    """Build a registered policy by name (the built-ins register on import of `policy`)."""
-    import rollmux.coordinator.policy.baselines  # noqa: F401  (registers the built-ins)
-
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise UnknownPolicyError(
-            f"policy {name!r} is not registered: expected one of {sorted(_REGISTRY)}. "
-            "Did you forget to call `register_policy`?") from None
-    return factory(**kwargs)
-
-
-ONLINE_POLICIES = ("rollmux", "most-idle", "random", "solo-d")
-"""Policies that place one arriving job at a time (what a live coordinator can run); every one is
-built as ``create_policy(name, config=PolicyConfig(...), seed=N)``."""
-
-
-def registered_policies() -> list[str]:
-    import rollmux.coordinator.policy.baselines  # noqa: F401
-
-    return sorted(_REGISTRY)

@@ -35,7 +35,6 @@ from rollmux.coordinator.policy.api import (
     Rejection,
     RejectReason,
     Strategy,
-    register_policy,
 )
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
@@ -454,4 +453,3 @@ class RollMuxPolicy:
         return best
 
 
-register_policy(RollMuxPolicy.name, RollMuxPolicy)

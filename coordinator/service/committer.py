@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from rollmux.coordinator.service.api import NotReadyError, StoreError
+from rollmux.coordinator.service.runtime.api import NotReadyError, StoreError
 from rollmux.coordinator.service.store import Store
 
 _Batch = list[tuple[Mapping[str, str | None], "asyncio.Future[None]"]]

@@ -21,7 +21,10 @@ from typing import TypeVar
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.service.api import (
+from rollmux.coordinator.service.committer import Committer
+from rollmux.coordinator.service.metrics import Metrics, create_metrics
+from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.runtime.api import (
     NodeState,
     NotReadyError,
     PermitState,
@@ -30,9 +33,6 @@ from rollmux.coordinator.service.api import (
     StaleFenceError,
     StoreError,
 )
-from rollmux.coordinator.service.committer import Committer
-from rollmux.coordinator.service.metrics import Metrics, create_metrics
-from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
 from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.store import Store
 from rollmux.model import ClusterSpec, Phase, Pool

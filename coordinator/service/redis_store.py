@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rollmux.coordinator.service.api import StaleFenceError, StoreError, StoreUnavailableError
+from rollmux.coordinator.service.runtime.api import StaleFenceError, StoreError, StoreUnavailableError
 
 _COMMIT = """
 local cur = redis.call('GET', KEYS[2])

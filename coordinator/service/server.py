@@ -17,14 +17,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from rollmux.coordinator.policy.api import create_policy
+from rollmux.coordinator.policy.registry import create_policy
 from rollmux.coordinator.service import gc_tuning
-from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
 from rollmux.coordinator.service.event_loop import new_event_loop
 from rollmux.coordinator.service.http import ProbeServer
 from rollmux.coordinator.service.runtime import resolved_spec
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.servicer import CoordinatorServicer
 from rollmux.coordinator.service.store import EmbeddedStore, Store

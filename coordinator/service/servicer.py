@@ -18,7 +18,11 @@ from typing import Any
 import grpc
 
 from rollmux.coordinator.service import validate
-from rollmux.coordinator.service.api import (
+from rollmux.coordinator.service.auth import Authenticator
+from rollmux.coordinator.service.core import Coordinator
+from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.runtime.admission import Registered
+from rollmux.coordinator.service.runtime.api import (
     InvalidArgumentError,
     JobState,
     NodeState,
@@ -26,11 +30,7 @@ from rollmux.coordinator.service.api import (
     PermitState,
     ServiceError,
 )
-from rollmux.coordinator.service.auth import Authenticator
-from rollmux.coordinator.service.core import Coordinator
-from rollmux.coordinator.service.records import PermitRecord
-from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
-from rollmux.coordinator.service.runtime.admission import Registered
+from rollmux.coordinator.service.runtime.records import PermitRecord
 from rollmux.errors import ErrorCode, SpecError
 from rollmux.model import (
     ClusterInfo,

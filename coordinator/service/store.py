@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from rollmux.coordinator.service.api import StaleFenceError, StoreUnavailableError
+from rollmux.coordinator.service.runtime.api import StaleFenceError, StoreUnavailableError
 
 
 class Store(Protocol):

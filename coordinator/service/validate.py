@@ -11,7 +11,7 @@ import math
 import secrets
 from collections.abc import Iterable, Mapping
 
-from rollmux.coordinator.service.api import InvalidArgumentError
+from rollmux.coordinator.service.runtime.api import InvalidArgumentError
 from rollmux.model import MAX_PHASE_S, MAX_STATE_BYTES
 
 MAX_TIMEOUT_S = 86_400.0

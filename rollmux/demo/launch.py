@@ -158,7 +158,7 @@ class LocalCluster:
     # ------------------------------------------------------------------------------- lifecycle
     def start(self) -> LocalCluster:
         from rollmux.coordinator.policy import RollMuxPolicy
-        from rollmux.coordinator.service.api import ServiceConfig
+        from rollmux.coordinator.service.runtime.api import ServiceConfig
         from rollmux.coordinator.service.runtime.state import live_policy_config
         from rollmux.coordinator.service.server import ServerOptions, start_in_thread
         from rollmux.model import ClusterSpec

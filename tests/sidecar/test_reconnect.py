@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, Pool
 from rollmux.sidecar.agent import AgentConfig, NodeAgent

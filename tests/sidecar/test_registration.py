@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import ClusterSpec, JobSpec, Pool
 from rollmux.sidecar import env, registration, shim

@@ -8,7 +8,7 @@ when no existing group can take the job.
 
 from __future__ import annotations
 
-from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, register_policy
+from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.baselines.common import has_room, isolated, join, roomy_nodes
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.model import JobSpec
@@ -42,4 +42,3 @@ class MostIdlePolicy:
         return join(job, group, [n.node_id for n in nodes[:need]], state)
 
 
-register_policy(MostIdlePolicy.name, MostIdlePolicy)

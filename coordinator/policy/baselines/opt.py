@@ -9,7 +9,7 @@ arrive together, which is how the paper compares against it.
 
 from __future__ import annotations
 
-from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy, register_policy
+from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.optimum import OptimalPartition
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 from rollmux.model import JobSpec, Pool
@@ -53,4 +53,3 @@ class OptPolicy:
                                  new_train_nodes=0, delta_usd_per_h=new * cluster.node_usd_per_h(Pool.ROLLOUT))
 
 
-register_policy(OptPolicy.name, OptPolicy)

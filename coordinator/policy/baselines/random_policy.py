@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, register_policy
+from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.baselines.common import has_room, isolated, join, roomy_nodes
 from rollmux.coordinator.policy.state import ClusterState
 from rollmux.model import JobSpec
@@ -35,4 +35,3 @@ class RandomPolicy:
         return join(job, group, chosen, state)
 
 
-register_policy(RandomPolicy.name, RandomPolicy)

@@ -6,7 +6,7 @@ same driver as RollMux and shows the dependency bubbles of one job per pair of p
 
 from __future__ import annotations
 
-from rollmux.coordinator.policy.api import PlacementDecision, register_policy
+from rollmux.coordinator.policy.api import PlacementDecision
 from rollmux.coordinator.policy.baselines.common import isolated
 from rollmux.coordinator.policy.state import ClusterState
 from rollmux.model import JobSpec
@@ -22,4 +22,3 @@ class SoloDPolicy:
         return isolated(job, state.cluster)
 
 
-register_policy(SoloDPolicy.name, SoloDPolicy)

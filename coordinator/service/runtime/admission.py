@@ -20,7 +20,7 @@ from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
 from rollmux.coordinator.policy.state import GroupState
-from rollmux.coordinator.service.api import (
+from rollmux.coordinator.service.runtime.api import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -28,13 +28,13 @@ from rollmux.coordinator.service.api import (
     NodeState,
     PlacementMismatchError,
 )
-from rollmux.coordinator.service.records import GroupRecord, JobRecord
 from rollmux.coordinator.service.runtime.directives import Directives
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.leases import Leases
+from rollmux.coordinator.service.runtime.records import GroupRecord, JobRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.coordinator.service.states import JOB_TRANSITIONS, transition
+from rollmux.coordinator.service.runtime.states import JOB_TRANSITIONS, transition
 from rollmux.model import Deployment, JobSpec, Phase, Pool
 
 _SHAPE = ("n_rollout_gpus", "n_train_gpus", "rollout_state_bytes", "train_state_bytes", "deployment")

@@ -14,9 +14,9 @@ Owns: `relocations` (every directive record and its transitions). Calls nothing.
 from __future__ import annotations
 
 from rollmux.coordinator.policy.regroup import Move
-from rollmux.coordinator.service.records import JobRecord, RelocationRecord
+from rollmux.coordinator.service.runtime.records import JobRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.coordinator.service.states import RELOCATION_TRANSITIONS, transition
+from rollmux.coordinator.service.runtime.states import RELOCATION_TRANSITIONS, transition
 from rollmux.model import Phase, RelocationState
 
 

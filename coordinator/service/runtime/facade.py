@@ -13,19 +13,25 @@ from collections.abc import Iterable
 from rollmux.coordinator.policy import ClusterState
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.grants import Ring, current_turn
-from rollmux.coordinator.service.api import JobState, NodeState, PermitState, ServiceConfig
-from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord, RelocationRecord
 from rollmux.coordinator.service.runtime import stored
 from rollmux.coordinator.service.runtime.admission import Admission, Registered
+from rollmux.coordinator.service.runtime.api import JobState, NodeState, PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime.directives import Directives
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.leases import Leases, ReleaseResult, UnusedNode
 from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.nodes import NodeLiveness
+from rollmux.coordinator.service.runtime.records import (
+    JobRecord,
+    Meta,
+    NodeRecord,
+    PermitRecord,
+    RelocationRecord,
+)
 from rollmux.coordinator.service.runtime.relocation import Relocations
 from rollmux.coordinator.service.runtime.state import Clock, Notice, RuntimeState
-from rollmux.coordinator.service.states import PERMIT_PARKED
+from rollmux.coordinator.service.runtime.states import PERMIT_PARKED
 from rollmux.model import ClusterSpec, JobSpec, Migration, Phase, Pool
 
 

@@ -24,11 +24,11 @@ from rollmux.coordinator.policy.grants import (
     group_rings,
     served_after_leaving,
 )
-from rollmux.coordinator.service.api import PermitState
-from rollmux.coordinator.service.records import JobRecord, dumps
+from rollmux.coordinator.service.runtime.api import PermitState
 from rollmux.coordinator.service.runtime.nodes import NodeLiveness
+from rollmux.coordinator.service.runtime.records import JobRecord, dumps
 from rollmux.coordinator.service.runtime.state import RuntimeState
-from rollmux.coordinator.service.states import PERMIT_PARKED
+from rollmux.coordinator.service.runtime.states import PERMIT_PARKED
 from rollmux.model import Phase
 
 

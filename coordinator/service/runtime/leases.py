@@ -23,19 +23,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from rollmux.coordinator.service.api import (
+from rollmux.coordinator.service.runtime.api import (
     FailedPreconditionError,
     InvalidArgumentError,
     OutOfOrderError,
     PermitState,
     StaleEpochError,
 )
-from rollmux.coordinator.service.records import JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.nodes import NodeLiveness
+from rollmux.coordinator.service.runtime.records import JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.coordinator.service.states import PERMIT_PARKED, PERMIT_TRANSITIONS, transition
+from rollmux.coordinator.service.runtime.states import PERMIT_PARKED, PERMIT_TRANSITIONS, transition
 from rollmux.model import Phase, next_phase
 
 

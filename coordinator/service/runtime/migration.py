@@ -6,7 +6,7 @@ nodes; `Leases.consolidate` applies that to the lease. Calls Leases and GrantQue
 
 from __future__ import annotations
 
-from rollmux.coordinator.service.api import FailedPreconditionError, InvalidArgumentError
+from rollmux.coordinator.service.runtime.api import FailedPreconditionError, InvalidArgumentError
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.leases import Leases
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState

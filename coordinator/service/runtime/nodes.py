@@ -11,10 +11,10 @@ Owns: the node records (`state.nodes`, ``node/<id>``: registration and every nod
 
 from __future__ import annotations
 
-from rollmux.coordinator.service.api import AlreadyExistsError, InvalidArgumentError, NodeState
-from rollmux.coordinator.service.records import NodeRecord
+from rollmux.coordinator.service.runtime.api import AlreadyExistsError, InvalidArgumentError, NodeState
+from rollmux.coordinator.service.runtime.records import NodeRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.coordinator.service.states import NODE_TRANSITIONS, transition
+from rollmux.coordinator.service.runtime.states import NODE_TRANSITIONS, transition
 from rollmux.model import Pool
 
 

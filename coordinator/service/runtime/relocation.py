@@ -50,12 +50,12 @@ from rollmux.coordinator.policy.regroup import (
     plan_rescue,
     slo_risks,
 )
-from rollmux.coordinator.service.api import FailedPreconditionError, PermitState
-from rollmux.coordinator.service.records import JobRecord, PermitRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.admission import Admission
+from rollmux.coordinator.service.runtime.api import FailedPreconditionError, PermitState
 from rollmux.coordinator.service.runtime.directives import Directives
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.leases import Leases
+from rollmux.coordinator.service.runtime.records import JobRecord, PermitRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
 from rollmux.model import Phase, Pool, RelocationState
 

@@ -17,8 +17,8 @@ from enum import Enum
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.service.api import JobState, NodeState, NotFoundError, ServiceConfig
-from rollmux.coordinator.service.records import JobRecord, Meta, NodeRecord, PermitRecord
+from rollmux.coordinator.service.runtime.api import JobState, NodeState, NotFoundError, ServiceConfig
+from rollmux.coordinator.service.runtime.records import JobRecord, Meta, NodeRecord, PermitRecord
 from rollmux.model import ClusterSpec, Phase
 
 Clock = Callable[[], float]

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmux.coordinator.service.records import (
+from rollmux.coordinator.service.runtime.admission import group_record
+from rollmux.coordinator.service.runtime.records import (
     GroupRecord,
     JobRecord,
     Meta,
@@ -20,7 +21,6 @@ from rollmux.coordinator.service.records import (
     RelocationRecord,
     dumps,
 )
-from rollmux.coordinator.service.runtime.admission import group_record
 from rollmux.coordinator.service.runtime.state import RuntimeState
 
 

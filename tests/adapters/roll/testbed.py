@@ -69,7 +69,7 @@ class Pools:
     sockdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rmxr-")))
 
     def start(self) -> Pools:
-        from rollmux.coordinator.service.api import ServiceConfig
+        from rollmux.coordinator.service.runtime.api import ServiceConfig
         from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
         from rollmux.model import ClusterSpec, Pool
 

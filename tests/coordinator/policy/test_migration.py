@@ -6,7 +6,7 @@ import pytest
 
 from rollmux.coordinator.policy.api import PolicyError
 from rollmux.coordinator.policy.migration import MigrationRule
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.sim.runtime import RuntimeConfig
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollmux.coordinator.profiler import resolve
-from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.model import ClusterSpec, JobSpec, Pool
 
 TB = 10**12
@@ -55,7 +55,7 @@ def register(rt: Runtime, name: str, **kw: object):  # type: ignore[no-untyped-d
 
 def grant(rt: Runtime, name: str):  # type: ignore[no-untyped-def]
     """Ask for the job's current phase and return its permit, which must be GRANTED."""
-    from rollmux.coordinator.service.api import PermitState
+    from rollmux.coordinator.service.runtime.api import PermitState
 
     p = rt.permits[name]
     got = rt.acquire(name, p.phase, p.iteration)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import JobSpec, Pool
 from rollmux.ports import free_port  # noqa: F401 - likewise

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase
 from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess

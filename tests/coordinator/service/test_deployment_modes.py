@@ -3,9 +3,9 @@ its job's round-robin turn there, followed by its own Train and Sync in the same
 
 from __future__ import annotations
 
-from rollmux.coordinator.service.api import PermitState
-from rollmux.coordinator.service.records import GroupRecord, JobRecord
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import PermitState
+from rollmux.coordinator.service.runtime.records import GroupRecord, JobRecord
 from rollmux.model import Phase
 
 from .builders import make_runtime, register

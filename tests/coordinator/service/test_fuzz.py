@@ -16,7 +16,7 @@ import grpc
 import pytest
 from hypothesis import strategies as st
 
-from rollmux.coordinator.service.api import ServiceConfig
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.model import Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb

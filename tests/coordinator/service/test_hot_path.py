@@ -8,9 +8,9 @@ import contextlib
 
 import pytest
 
-from rollmux.coordinator.service.api import StaleFenceError, StoreUnavailableError
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.committer import Committer
+from rollmux.coordinator.service.runtime.api import StaleFenceError, StoreUnavailableError
 from rollmux.coordinator.service.store import EmbeddedStore
 from rollmux.wire.auth import sha256_hex
 from rollmux.wire.errors import NotReadyError, PermissionDeniedError

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from rollmux.coordinator.profiler import resolve
-from rollmux.coordinator.service.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.model import ClusterSpec, JobSpec, Pool, RelocationState
 from rollmux.wire.client import CoordinatorClient
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from rollmux.coordinator.service.api import ServiceConfig
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.model import ClusterSpec, JobSpec, Phase, Relocation, RelocationState
 from rollmux.wire.client import CoordinatorClient, JobClient, JobInfo
 

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from rollmux.coordinator.service.api import InvalidArgumentError, PermitState
-from rollmux.coordinator.service.records import PermitRecord
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import InvalidArgumentError, PermitState
+from rollmux.coordinator.service.runtime.records import PermitRecord
 from rollmux.model import Phase, next_phase
 
 from .builders import grant, make_runtime, register
@@ -56,7 +56,7 @@ def test_the_next_phase_waits_until_every_node_released() -> None:
     rt, _ = make_runtime()
     half_released(rt)
     assert rt.permits["a"].phase is Phase.ROLLOUT
-    from rollmux.coordinator.service.api import FailedPreconditionError
+    from rollmux.coordinator.service.runtime.api import FailedPreconditionError
 
     with pytest.raises(FailedPreconditionError, match="out of order"):  # a sidecar asking early loops on this
         rt.acquire("a", Phase.TRAIN, 0)
@@ -203,7 +203,7 @@ def test_a_permit_no_node_released_is_not_ended_by_a_node_without_ranks() -> Non
 
 # ------------------------------------------------------------------------ I4: where it runs
 def test_an_attach_outside_the_placement_is_refused_naming_both_node_sets() -> None:
-    from rollmux.coordinator.service.api import PlacementMismatchError
+    from rollmux.coordinator.service.runtime.api import PlacementMismatchError
 
     rt, _ = make_runtime()
     register(rt, "a")

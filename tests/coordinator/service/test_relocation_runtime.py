@@ -12,8 +12,8 @@ import pytest
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.profiler import resolve
-from rollmux.coordinator.service.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.model import ClusterSpec, JobSpec, Phase, Pool, RelocationState
 from rollmux.wire.errors import FailedPreconditionError

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from rollmux.coordinator.service.api import JobState, NodeState, PermitState
 from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime.api import JobState, NodeState, PermitState
 from rollmux.coordinator.service.runtime.state import NoticeKind
 from rollmux.model import Phase
 from rollmux.wire.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, StaleEpochError

@@ -8,7 +8,9 @@ from pathlib import Path
 import rollmux.coordinator.service.runtime as runtime_pkg
 
 PACKAGE = "rollmux.coordinator.service.runtime"
-LAYERS = ["state", "nodes", "learning", "grants", "leases", "migration", "directives", "admission",
+VOCABULARY = ["api", "states", "records"]
+"""The service's states, config, errors and stored records: what the parts share, beneath them all."""
+LAYERS = [*VOCABULARY, "state", "nodes", "learning", "grants", "leases", "migration", "directives", "admission",
           "relocation", "stored", "facade", "__init__"]
 """Bottom to top: a module may import only modules before it."""
 
@@ -38,7 +40,7 @@ def test_no_part_imports_a_part_above_it() -> None:
 
 
 def test_no_part_subclasses_another() -> None:
-    modules = _modules()
+    modules = {name: tree for name, tree in _modules().items() if name not in VOCABULARY}  # errors may subclass
     defined = {n.name for tree in modules.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
     inherited = {(cls.name, base.id) for tree in modules.values() for cls in ast.walk(tree)
                  if isinstance(cls, ast.ClassDef) for base in cls.bases

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import pytest
 
-from rollmux.coordinator.service.api import StaleFenceError, StoreUnavailableError
+from rollmux.coordinator.service.runtime.api import StaleFenceError, StoreUnavailableError
 from rollmux.coordinator.service.store import EmbeddedStore, Store
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import TypeVar
 
 from rollmux import lifecycle
-from rollmux.coordinator.service.api import IllegalTransitionError, JobState, NodeState, PermitState
+from rollmux.coordinator.service.runtime.api import IllegalTransitionError, JobState, NodeState, PermitState
 from rollmux.model import RelocationState
 
 S = TypeVar("S", bound=Enum)

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rollmux.coordinator.service.api import JobState, NodeState, PermitState
+from rollmux.coordinator.service.runtime.api import JobState, NodeState, PermitState
 from rollmux.model import JobSpec, Lease, Phase, Pool, Relocation, RelocationState
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
