@@ -8,6 +8,8 @@ Decoding validates: a missing or malformed field raises `InvalidArgumentError` n
 
 from __future__ import annotations
 
+from typing import Any
+
 from rollmux.errors import SpecError
 from rollmux.model import (
     ClusterInfo,
@@ -145,13 +147,19 @@ def node_event_to_pb(event: NodeEvent) -> pb.NodeDown:
         if event.holder is not None:
             snap.holder.CopyFrom(lease_to_pb(event.holder))
         return pb.NodeDown(snapshot=snap)
+    return pb.NodeDown(**_directive_to_pb(event, pb.PermitGranted))
+
+
+def _directive_to_pb(event: Lease | Revocation | Migration | Relocation, granted: Any) -> dict[str, Any]:
+    """The oneof field of a directive, shared by the node and rank streams (they differ only in the
+    message wrapping a grant: `granted`)."""
     if isinstance(event, Lease):
-        return pb.NodeDown(granted=pb.PermitGranted(lease=lease_to_pb(event)))
+        return {"granted": granted(lease=lease_to_pb(event))}
     if isinstance(event, Revocation):
-        return pb.NodeDown(revoked=revocation_to_pb(event))
+        return {"revoked": revocation_to_pb(event)}
     if isinstance(event, Migration):
-        return pb.NodeDown(migrate=migration_to_pb(event))
-    return pb.NodeDown(relocate=relocation_to_pb(event))
+        return {"migrate": migration_to_pb(event)}
+    return {"relocate": relocation_to_pb(event)}
 
 
 def node_event_from_pb(msg: pb.NodeDown) -> NodeEvent | None:
@@ -249,13 +257,7 @@ def cluster_info_from_pb(msg: pb.ClusterStateResponse) -> ClusterInfo:
 
 def rank_event_to_pb(event: Lease | Revocation | Migration | Relocation) -> spb.RankEvent:
     """One message of a rank's ``Attach`` stream (after its first, ``attached``)."""
-    if isinstance(event, Lease):
-        return spb.RankEvent(granted=spb.Granted(lease=lease_to_pb(event)))
-    if isinstance(event, Revocation):
-        return spb.RankEvent(revoked=revocation_to_pb(event))
-    if isinstance(event, Migration):
-        return spb.RankEvent(migrate=migration_to_pb(event))
-    return spb.RankEvent(relocate=relocation_to_pb(event))
+    return spb.RankEvent(**_directive_to_pb(event, spb.Granted))
 
 
 def rank_event_from_pb(msg: spb.RankEvent) -> Lease | Revocation | Migration | Relocation | None:
