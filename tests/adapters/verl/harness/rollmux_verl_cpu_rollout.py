@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import zlib
 from typing import Any
 
 import ray
@@ -37,7 +38,7 @@ class HFCPUServer:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32,
                                                           attn_implementation="eager").eval()
         self.eos = self.model.generation_config.eos_token_id or self.model.config.eos_token_id
-        self.seed, self.calls = seed, 0
+        self.seed = seed
         self.global_steps: int | None = None
         self.lock = asyncio.Lock()
         self.open = asyncio.Event()  # cleared by abort_all_requests: new requests wait, as vLLM parks them
@@ -61,8 +62,7 @@ class HFCPUServer:
         max_new = int(params.get("max_tokens") or params.get("max_new_tokens") or 8)
         temperature = float(params.get("temperature", 1.0))
         greedy = temperature == 0 or int(params.get("top_k", -1)) == 1
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
-        self.calls += 1
+        gen = torch.Generator().manual_seed(self._request_seed(prompt_ids))
         ids = torch.tensor([prompt_ids])
         out_ids: list[int] = []
         logps: list[float] = []
@@ -82,6 +82,12 @@ class HFCPUServer:
                     break
         return TokenOutput(token_ids=out_ids, log_probs=logps, stop_reason="completed",
                            extra_fields={"global_steps": self.global_steps})
+
+    def _request_seed(self, prompt_ids: list[int]) -> int:
+        """A sample's seed from what the request is (the prompt, the weights' step), not from which replica
+        serves it or in what order: a job's samples stay the same however the load balancer routes them."""
+        key = torch.tensor(prompt_ids, dtype=torch.int64).numpy().tobytes()
+        return (self.seed * 1_000_003 + (self.global_steps or 0) * 7_919 + zlib.crc32(key)) % 2**63
 
     def load_weights(self, state: dict[str, torch.Tensor], global_steps: int | None) -> None:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
