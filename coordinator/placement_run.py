@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig, create_policy
+from rollmux.coordinator.policies import create_policy
+from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.coordinator.policy.regroup import Move, place_batch

@@ -1,6 +1,7 @@
 """The pure scheduling policy: placement (Algorithm 1), intra-group schedule, offline optimum.
 
-Policies are built by name with `registry.create_policy`.
+Policies are built by name with `rollmux.coordinator.policies.create_policy` (it imports this package
+and the baselines; neither imports it).
 """
 
 from rollmux.coordinator.policy.api import (
@@ -13,7 +14,6 @@ from rollmux.coordinator.policy.api import (
     Strategy,
 )
 from rollmux.coordinator.policy.placement import RollMuxPolicy
-from rollmux.coordinator.policy.registry import create_policy, register_policy, registered_policies
 from rollmux.coordinator.policy.state import ClusterState, GroupState
 
 __all__ = [
@@ -27,7 +27,4 @@ __all__ = [
     "Rejection",
     "RollMuxPolicy",
     "Strategy",
-    "create_policy",
-    "register_policy",
-    "registered_policies",
 ]

@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait", type=float, default=300.0, help="longest server-side permit wait, s")
     parser.add_argument("--migration-threshold", type=float, default=0.8,
                         help="rollout progress at which it is tail-bound (long-tail migration)")
-    from rollmux.coordinator.policy.registry import ONLINE_POLICIES
+    from rollmux.coordinator.policies import ONLINE_POLICIES
 
     parser.add_argument("--heartbeat-interval", type=float, default=2.0,
                         help="how often sidecars send heartbeats, s (a node silent 3 intervals turns LOST)")

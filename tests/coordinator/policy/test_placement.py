@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollmux.coordinator.policies import create_policy
 from rollmux.coordinator.policy import (
     ClusterState,
     PolicyConfig,
@@ -13,7 +14,6 @@ from rollmux.coordinator.policy import (
     RejectReason,
     RollMuxPolicy,
     Strategy,
-    create_policy,
 )
 from rollmux.coordinator.policy.api import UnknownPolicyError
 from rollmux.coordinator.policy.intra_group import cycle_time
