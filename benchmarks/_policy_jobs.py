@@ -10,7 +10,7 @@ import random
 
 from rollmux.coordinator.profiler import state_bytes_per_node
 from rollmux.coordinator.sim.workload import PROFILES, SIZES
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 
 
 def mixed_jobs(n: int, seed: int, *, prefix: str = "j", sizes: str = "SML", slo: tuple[float, float] = (1.0, 2.0)

@@ -88,7 +88,7 @@ from pathlib import Path
 from rollmux.coordinator.service.event_loop import EventLoop, EventLoopUnavailable
 from rollmux.coordinator.service.event_loop import resolve as resolve_event_loop
 from rollmux.coordinator.service.event_loop import run as run_event_loop
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 from rollmux.testing.chaos.procs import wait_port
 
 MP = mp.get_context("spawn")  # never fork a process that has used gRPC (a forked child can hang in gRPC)
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     args.niceness = set_niceness(args.nice)
     pin_to(args.load_cpus)  # this driver is part of the load generator
 
-    from rollmux.model import JobSpec, Pool
+    from rollmux.core.model import JobSpec, Pool
     from rollmux.wire.client import CoordinatorClient
     from rollmux.wire.convert import PHASE_TO_PB
 

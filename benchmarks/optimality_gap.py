@@ -47,7 +47,7 @@ from rollmux.coordinator.policy.optimum import optimal_partition  # noqa: E402
 from rollmux.coordinator.policy.regroup import apply_moves, move_cap, place_batch, plan_moves  # noqa: E402
 from rollmux.coordinator.service.runtime.api import ServiceConfig  # noqa: E402
 from rollmux.coordinator.service.runtime.state import live_policy_config  # noqa: E402
-from rollmux.model import JobSpec  # noqa: E402
+from rollmux.core.model import JobSpec  # noqa: E402
 
 TARGET_LIVE_MEAN, TARGET_LIVE_MAX = 1.06, 1.15
 TARGET_ARRIVAL_MEAN = 1.10

@@ -31,7 +31,7 @@ from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.experiments import STATIC_POLICIES, static_instance
 from rollmux.coordinator.sim.trace import to_job_specs
 from rollmux.coordinator.sim.workload import generate
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 
 PAPER = {  # paper Fig. 14 ranges (cost x Opt, SLO attainment)
     "workload": "RollMux 1.01-1.12x, 100%; Random 1.72-2.00x, 37-58%; Greedy 1.38-1.89x, 42-61%",

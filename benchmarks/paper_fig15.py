@@ -31,7 +31,7 @@ from rollmux.coordinator.sim.metrics import to_json
 from rollmux.coordinator.sim.report import print_summaries
 from rollmux.coordinator.sim.trace import to_job_specs
 from rollmux.coordinator.sim.workload import generate
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 
 
 def opt_gap(instances: int, jobs: int) -> list[float]:

@@ -26,7 +26,7 @@ from rich.table import Table
 from rollmux.coordinator.profiler import resolve
 from rollmux.coordinator.sim.api import TraceJob
 from rollmux.coordinator.sim.engine import build_context, simulate
-from rollmux.model import GB, ClusterSpec, JobSpec
+from rollmux.core.model import GB, ClusterSpec, JobSpec
 
 POLICIES = ("solo-d", "gavel+", "colocate", "rollmux")
 PAPER = {"a": (1.17, 1.24, 1.82), "b": (1.26, 1.57, 2.04), "c": (1.14, 1.27, 2.11)}

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spec(name: str):  # type: ignore[no-untyped-def]
-    from rollmux.model import JobSpec
+    from rollmux.core.model import JobSpec
 
     return JobSpec(name=name, n_rollout_gpus=1, n_train_gpus=1, t_roll_s=1.0, t_train_s=1.0, slo=3.0,
                    rollout_state_bytes=1 << 20, train_state_bytes=1 << 20)

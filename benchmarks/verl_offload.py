@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 
 HARNESS = Path(__file__).resolve().parents[1] / "tests" / "adapters" / "verl" / "harness"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.coordinator.placement_run import BUILTIN_MIX, PlacementRun, run_placement
-from rollmux.errors import RollMuxError, SpecError
-from rollmux.model import GB, TB, ClusterSpec, GpuCatalog, JobSpec
+from rollmux.core.errors import RollMuxError, SpecError
+from rollmux.core.model import GB, TB, ClusterSpec, GpuCatalog, JobSpec
 
 HELP = "place jobs into co-execution groups with the RollMux policy and explain each decision"
 

@@ -12,7 +12,7 @@ from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.coordinator.policy.regroup import Move, place_batch
 from rollmux.coordinator.profiler import resolve
-from rollmux.model import ClusterSpec, JobSpec
+from rollmux.core.model import ClusterSpec, JobSpec
 
 
 def _job(name: str, params_b: float, max_tokens: int, batch: int, n_t: int, n_r: int, turns: int,

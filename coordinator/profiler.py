@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rollmux.model import GB, ClusterSpec, JobSpec, Pool
+from rollmux.core.model import GB, ClusterSpec, JobSpec, Pool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -422,7 +422,7 @@ def errors_page() -> str:
         return next((c for b in parents.get(name, []) if b not in seen and (c := code(b, seen | {name}))), "")
 
     out = ["# Errors\n",
-           "Every error RollMux raises on purpose derives from `rollmux.errors.RollMuxError`; catch that at a "
+           "Every error RollMux raises on purpose derives from `rollmux.core.errors.RollMuxError`; catch that at a "
            "process or RPC boundary. A request the coordinator refuses changes no state and answers with the "
            "gRPC status in the *code* column. What to do about each: "
            "[troubleshooting](../how-to/troubleshooting.md).\n"]
@@ -484,7 +484,7 @@ def _supported_constants(package: str) -> list[tuple[str, ...]]:
 
 
 def adapters_page() -> str:
-    from rollmux import model
+    from rollmux.core import model
 
     project = _pyproject()["project"]
     path = Path(model.__file__)

@@ -31,8 +31,8 @@ import threading
 import time
 from typing import Any
 
-from rollmux.errors import ErrorCode
-from rollmux.model import JobSpec, Lease, Migration, NodeEvent, Relocation, Revocation
+from rollmux.core.errors import ErrorCode
+from rollmux.core.model import JobSpec, Lease, Migration, NodeEvent, Relocation, Revocation
 from rollmux.sidecar.agent_permits import PermitRelay
 from rollmux.sidecar.agent_records import AgentConfig, LocalJob
 from rollmux.sidecar.agent_relocations import HeldRelocations

@@ -24,8 +24,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from rollmux.errors import ErrorCode
-from rollmux.model import Lease, Migration, Phase, phase_key
+from rollmux.core.errors import ErrorCode
+from rollmux.core.model import Lease, Migration, Phase, phase_key
 from rollmux.sidecar.agent_records import AgentConfig, LocalJob
 from rollmux.sidecar.api import (
     JobAbortedError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollmux.model import Lease, Pool
+from rollmux.core.model import Lease, Pool
 from rollmux.sidecar.api import RankLease
 from rollmux.sidecar.gpu import DEFAULT_PROCESS_LIMIT_BYTES
 from rollmux.wire.client import JobClient

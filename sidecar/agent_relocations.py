@@ -13,7 +13,7 @@ import queue
 import time
 from typing import Any
 
-from rollmux.model import Relocation, RelocationState
+from rollmux.core.model import Relocation, RelocationState
 
 
 class HeldRelocations:

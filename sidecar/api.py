@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rollmux import lifecycle
-from rollmux.errors import ErrorCode, RollMuxError
-from rollmux.model import PHASE_ORDER
+from rollmux.core import lifecycle
+from rollmux.core.errors import ErrorCode, RollMuxError
+from rollmux.core.model import PHASE_ORDER
 
 S = TypeVar("S", bound=enum.Enum)
 HISTORY_LIMIT = 16
@@ -90,7 +90,7 @@ class LeaseLostError(SidecarError):
 
 
 def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
-    """Move ``record.state`` to `new` through `table` (see `rollmux.lifecycle.transition`).
+    """Move ``record.state`` to `new` through `table` (see `rollmux.core.lifecycle.transition`).
 
     Raises:
         IllegalTransitionError: the edge is not in the table; the record is unchanged.
@@ -102,14 +102,14 @@ def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float
 # ------------------------------------------------------------------------------------------ phases
 
 COLOCATED_POOL = {"colocated-train": "train", "colocated-rollout": "rollout"}
-"""The one pool every phase of a co-located job runs on (``rollmux.model.Deployment`` values)."""
+"""The one pool every phase of a co-located job runs on (``rollmux.core.model.Deployment`` values)."""
 
 
 def phase_pool(phase: str, deployment: str | None = None) -> str:
     """The pool whose node a phase's permit holds. Disaggregated (the default): rollout runs on the
     rollout pool, train and sync on the training pool (sync is part of T_train in the policy). A
     co-located job runs every phase on one pool: "colocated-train" on training nodes,
-    "colocated-rollout" on rollout nodes (``rollmux.model.Deployment``)."""
+    "colocated-rollout" on rollout nodes (``rollmux.core.model.Deployment``)."""
     if phase not in PHASE_ORDER:
         raise ValueError(f"phase={phase!r} is not a RollMux phase: expected one of {', '.join(PHASE_ORDER)}")
     if deployment in (None, "", "disaggregated"):

@@ -89,7 +89,7 @@ def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from rollmux.model import ClusterSpec, Pool
+    from rollmux.core.model import ClusterSpec, Pool
     from rollmux.sidecar.agent import AgentConfig, NodeAgent
     from rollmux.sidecar.gpu import detect
     from rollmux.sidecar.peercred import PeerPolicy, resolve_group

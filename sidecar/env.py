@@ -39,7 +39,7 @@ its new node by the job's launcher, from the checkpoint it wrote."""
 
 DEPLOYMENT = "ROLLMUX_DEPLOYMENT"
 """Set by the adapters and ``rollmux.register``'s callers, not by users: the job's deployment mode
-(``rollmux.model.Deployment``: "disaggregated", "colocated-train" or "colocated-rollout"), handed to
+(``rollmux.core.model.Deployment``: "disaggregated", "colocated-train" or "colocated-rollout"), handed to
 the job's workers with its token. It decides which pool's rank asks for each phase's permit: a
 co-located job's Rollout runs on its training (or rollout) nodes, so the rank there owns it.
 Default: this process's registration, else "disaggregated"."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollmux.model import GpuCatalog
+from rollmux.core.model import GpuCatalog
 
 log = logging.getLogger("rollmux.sidecar")
 

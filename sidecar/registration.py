@@ -1,6 +1,6 @@
 """Job registration through the node's sidecar: ``rollmux.sidecar.shim.register``.
 
-A job's driver sends its :class:`~rollmux.model.JobSpec` over the sidecar socket; the sidecar
+A job's driver sends its :class:`~rollmux.core.model.JobSpec` over the sidecar socket; the sidecar
 relays ``RegisterJob`` to the coordinator with its node credential and answers with the job token,
 so no secret ever sits in the job's configuration. The token lives only in memory: it is never
 printed, logged or written to disk (``repr`` hides it); hand it to the job's other processes
@@ -15,7 +15,7 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 from rollmux.sidecar import env
 from rollmux.sidecar.api import ShimConfigError, SidecarError, SidecarUnreachableError
 
@@ -76,7 +76,7 @@ def register(spec: JobSpec, *, socket: str | None = None, timeout_s: float = 30.
     """
     global _current
     if not isinstance(spec, JobSpec):
-        raise ShimConfigError(f"register() takes a rollmux.model.JobSpec, not {type(spec).__name__}")
+        raise ShimConfigError(f"register() takes a rollmux.core.model.JobSpec, not {type(spec).__name__}")
     if not (timeout_s > 0):
         raise ShimConfigError(f"timeout_s={timeout_s!r} is invalid: expected a positive number of seconds")
     path = socket if socket is not None else os.environ.get(env.SIDECAR_SOCKET, "")

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 
-from rollmux.model import Relocation, RelocationState
+from rollmux.core.model import Relocation, RelocationState
 from rollmux.sidecar import env
 from rollmux.sidecar.api import RankLeaseError, ShimConfigError
 from rollmux.sidecar.shim_runtime import Runtime

@@ -24,8 +24,8 @@ from typing import Any
 
 import grpc
 
-from rollmux.errors import ErrorCode
-from rollmux.model import Phase
+from rollmux.core.errors import ErrorCode
+from rollmux.core.model import Phase
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent

@@ -50,7 +50,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rollmux.model import PHASE_ORDER, Migration
+from rollmux.core.model import PHASE_ORDER, Migration
 from rollmux.sidecar import env, registration
 from rollmux.sidecar.api import LeaseLostError, ShimConfigError, SidecarError, phase_pool
 from rollmux.sidecar.registration import Registration, RegistrationError, register

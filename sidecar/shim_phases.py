@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 from rollmux.sidecar.api import LeaseLostError, RankLeaseError, phase_pool
 from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
 from rollmux.sidecar.shim_transport import rpc

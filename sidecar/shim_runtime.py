@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmux.model import PHASE_ORDER, Lease, Migration, Relocation
+from rollmux.core.model import PHASE_ORDER, Lease, Migration, Relocation
 from rollmux.sidecar.api import LeaseLostError
 
 

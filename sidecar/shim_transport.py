@@ -12,8 +12,8 @@ import os
 import threading
 from typing import Any
 
-from rollmux.errors import ErrorCode
-from rollmux.model import Migration, Relocation, Revocation
+from rollmux.core.errors import ErrorCode
+from rollmux.core.model import Migration, Relocation, Revocation
 from rollmux.sidecar import env
 from rollmux.sidecar.api import (
     JobAbortedError,

@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rollmux.errors import RollMuxError
-from rollmux.lifecycle import IllegalTransitionError as _IllegalTransition
-from rollmux.lifecycle import check_transition
+from rollmux.core.errors import RollMuxError
+from rollmux.core.lifecycle import IllegalTransitionError as _IllegalTransition
+from rollmux.core.lifecycle import check_transition
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,7 @@ import enum
 import hashlib
 from dataclasses import dataclass
 
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 
 
 class SyncError(RollMuxError):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 from rollmux.testing.chaos.procs import REDIS_BIN, RedisProcess
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

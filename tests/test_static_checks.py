@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PURE = ["rollmux/model.py", "rollmux/errors.py", "coordinator/policy", "coordinator/profiler.py"]
+PURE = ["rollmux/core", "coordinator/policy", "coordinator/profiler.py"]
 
 
 def _tool(name: str) -> str:

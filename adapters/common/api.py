@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 """A thin wrapper ``(wrapped, instance, args, kwargs) -> result`` (wrapt's calling convention):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollmux.adapters.common.api import AdapterError, Wrapper
-from rollmux.model import next_phase
+from rollmux.core.model import next_phase
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
-from rollmux.model import MAX_PHASE_S
+from rollmux.core.model import MAX_PHASE_S
 from rollmux.sidecar import env
 
 PROPAGATED = (env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET, adapter_env.SLO)
@@ -146,7 +146,7 @@ def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:
     used as is and nothing is sent.
 
     Args:
-        spec: the job's ``rollmux.model.JobSpec``.
+        spec: the job's ``rollmux.core.model.JobSpec``.
         timeout_s: how long to wait for the relayed registration.
 
     Raises:

@@ -29,7 +29,7 @@ from typing import Any
 from rollmux.adapters.common import registration
 from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.common.registration import JobIdentity
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 from rollmux.sidecar import env
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def acknowledge(on_switched: Callable[[Any], None], *, wait_s: float = BOUNDARY_
     """Acknowledge this process's pending directive at an iteration boundary (outside any phase).
 
     Args:
-        on_switched: called with the switched ``rollmux.model.Relocation`` before this process leaves
+        on_switched: called with the switched ``rollmux.core.model.Relocation`` before this process leaves
             (it writes the marker); the rank does not re-attach to its new node.
         wait_s: keep acknowledging this long while the coordinator has not yet seen the boundary.
 

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from rollmux.adapters.roll.phases import Action, Step
-from rollmux.model import PHASE_ORDER
+from rollmux.core.model import PHASE_ORDER
 from rollmux.sidecar.api import phase_pool
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class PoolGate:
         return dataclasses.asdict(m)
 
     def relocation(self) -> Any:
-        """The job's pending relocation directive this rank heard (``rollmux.model.Relocation``), or None."""
+        """The job's pending relocation directive this rank heard (``rollmux.core.model.Relocation``), or None."""
         import rollmux
 
         return rollmux.relocation()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from rollmux.model import PHASE_ORDER, next_phase, phase_key
+from rollmux.core.model import PHASE_ORDER, next_phase, phase_key
 
 SPAN_PHASES: dict[str, str] = {
     "model_update": "sync",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.adapters.common.registration import job_name, phase_times, slo
-from rollmux.model import Deployment, JobSpec
+from rollmux.core.model import Deployment, JobSpec
 
 _BYTES_PER_PARAM = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "bfloat16": 2, "float16": 2}
 

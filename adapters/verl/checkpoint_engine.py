@@ -41,7 +41,7 @@ import ray
 import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 from rollmux.sync_plugin import SyncError
 from rollmux.sync_plugin.stream import SyncWorld, WindowStream, connect_store, serve_store, transport
 

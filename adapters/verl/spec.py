@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from rollmux.model import Deployment, JobSpec
+from rollmux.core.model import Deployment, JobSpec
 
 _BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 from rollmux.coordinator.policy.api import PlacementDecision, PlacementPolicy
 from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.policy.state import ClusterState
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 
 LOOKAHEAD_DEPTH = 2
 """Levels of lookahead: the pending jobs after the head are placed looking ahead one level less."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from rollmux.errors import RollMuxError, SpecError
-from rollmux.model import Deployment, JobSpec, Pool
+from rollmux.core.errors import RollMuxError, SpecError
+from rollmux.core.model import Deployment, JobSpec, Pool
 
 if TYPE_CHECKING:
     from rollmux.coordinator.policy.state import ClusterState

@@ -28,7 +28,7 @@ from rollmux.coordinator.policy.intra_group import (
     default_horizon,
     empirical_periods,
 )
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 _FREE, _END = 0, 1  # event kinds: nodes pass on; a phase ends (the job asks for its next one)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 PhaseTimeFn = Callable[[int, int, Phase], float]
 """(member index, iteration, phase) -> duration in seconds."""

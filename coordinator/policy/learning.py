@@ -26,8 +26,8 @@ import numpy as np
 
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.state import PhaseProfile
-from rollmux.errors import SpecError
-from rollmux.model import JobSpec
+from rollmux.core.errors import SpecError
+from rollmux.core.model import JobSpec
 
 PRIOR_MIN_JOBS = 3
 """Learned jobs needed before the fleet prior replaces the worst case as a newcomer's yardstick."""

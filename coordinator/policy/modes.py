@@ -22,7 +22,7 @@ and a veRL job run at the same speed on the same GPUs.
 
 from __future__ import annotations
 
-from rollmux.model import GB, ClusterSpec, Deployment, JobSpec, Pool
+from rollmux.core.model import GB, ClusterSpec, Deployment, JobSpec, Pool
 
 SWITCH_GB_S_PER_GPU = 25.0
 """Planning rate of a warm state load, pinned host DRAM to GPU, GB/s per GPU (the simulator's default)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PolicyConfig, PolicyError
 from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
 MAX_OPT_JOBS = 14
 

@@ -12,7 +12,7 @@ For an arriving job, in group creation order:
      its planned iteration meets the SLO; the lowest marginal $/h wins, ties to the existing
      (earlier) group, then to the disaggregated new group.
 
-Deployment modes (`rollmux.model.Deployment`, `PolicyConfig.modes`): besides joining as a
+Deployment modes (`rollmux.core.model.Deployment`, `PolicyConfig.modes`): besides joining as a
 disaggregated member (rollout on the group's rollout nodes), a job may join a group co-located on
 its training pool, where its Rollout time-shares the pool with the members' Trains at +$0/h.
 A job that fixes `JobSpec.deployment` is only placed in that mode.
@@ -38,7 +38,7 @@ from rollmux.coordinator.policy.api import (
 )
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
-from rollmux.model import ClusterSpec, Deployment, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, Deployment, JobSpec, Pool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,7 +32,7 @@ from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Stra
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
-from rollmux.model import GB, Deployment, JobSpec, Pool
+from rollmux.core.model import GB, Deployment, JobSpec, Pool
 
 RemainingFn = Callable[[str], float]
 """job name -> seconds of solo-speed work it still has to do (0 when unknown: never moved)."""

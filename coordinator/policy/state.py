@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.intra_group import MemberTiming
-from rollmux.model import ClusterSpec, Deployment, Group, JobSpec, Placement, Pool
+from rollmux.core.model import ClusterSpec, Deployment, Group, JobSpec, Placement, Pool
 
 
 @dataclass(slots=True)

@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.runtime.api import ServiceConfig
     from rollmux.coordinator.service.server import Running, ServerOptions, serve
-    from rollmux.errors import SpecError
-    from rollmux.model import ClusterSpec, GpuCatalog
+    from rollmux.core.errors import SpecError
+    from rollmux.core.model import ClusterSpec, GpuCatalog
     from rollmux.wire.auth import read_secret
 
     logs.setup(args.log_level, args.log_format)

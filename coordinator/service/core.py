@@ -35,7 +35,7 @@ from rollmux.coordinator.service.runtime.api import (
 )
 from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.store import Store
-from rollmux.model import ClusterSpec, Phase, Pool
+from rollmux.core.model import ClusterSpec, Phase, Pool
 
 log = logging.getLogger("rollmux.coordinator")
 T = TypeVar("T")

@@ -28,7 +28,7 @@ from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.coordinator.service.servicer import CoordinatorServicer
 from rollmux.coordinator.service.store import EmbeddedStore, Store
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 
 log = logging.getLogger("rollmux.coordinator")

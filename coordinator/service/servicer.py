@@ -31,8 +31,8 @@ from rollmux.coordinator.service.runtime.api import (
     ServiceError,
 )
 from rollmux.coordinator.service.runtime.records import PermitRecord
-from rollmux.errors import ErrorCode, SpecError
-from rollmux.model import (
+from rollmux.core.errors import ErrorCode, SpecError
+from rollmux.core.model import (
     ClusterInfo,
     GroupInfo,
     JobInfo,

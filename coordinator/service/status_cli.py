@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rollmux.model import Lease
+    from rollmux.core.model import Lease
 
 HELP = "Show the coordinator's groups, jobs, per-node queues and leases."
 

@@ -1,6 +1,6 @@
 """Range checks for every number a coordinator RPC carries, each refusing with INVALID_ARGUMENT.
 
-Job specs carry their own ranges (`rollmux.model`, checked when the spec is built); these are the
+Job specs carry their own ranges (`rollmux.core.model`, checked when the spec is built); these are the
 per-call numbers: waits, measured durations and what a node reports about itself. Pure functions
 over plain values, called by the servicer before anything changes.
 """
@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 
 from rollmux.coordinator.service.runtime.api import InvalidArgumentError
-from rollmux.model import MAX_PHASE_S, MAX_STATE_BYTES
+from rollmux.core.model import MAX_PHASE_S, MAX_STATE_BYTES
 
 MAX_TIMEOUT_S = 86_400.0
 """Longest wait a call may ask for (a day; the server's `--max-wait` then clamps it)."""

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from rollmux.coordinator.policy.intra_group import PhaseInterval
-from rollmux.errors import RollMuxError, SpecError
+from rollmux.core.errors import RollMuxError, SpecError
 
 if TYPE_CHECKING:
     from rollmux.coordinator.policy.api import PolicyConfig
     from rollmux.coordinator.sim.runtime import JobDraws, RuntimeConfig
-    from rollmux.model import ClusterSpec, JobSpec
+    from rollmux.core.model import ClusterSpec, JobSpec
 
 
 class SimError(RollMuxError):

@@ -21,8 +21,8 @@ from rollmux.coordinator.sim.runtime import RuntimeConfig
 from rollmux.coordinator.sim.strategies import ALL_POLICIES, DEFAULT_POLICIES
 from rollmux.coordinator.sim.trace import read_trace, write_trace
 from rollmux.coordinator.sim.workload import SloSpec, Workload, generate
-from rollmux.errors import RollMuxError
-from rollmux.model import ClusterSpec
+from rollmux.core.errors import RollMuxError
+from rollmux.core.model import ClusterSpec
 
 HELP = "Replay a job trace through RollMux and the baselines (solo-d, colocate, gavel+, random, most-idle, opt)."
 

@@ -16,7 +16,7 @@ import numpy as np
 from rollmux.coordinator.policy.baselines.dedicated import DedicatedAllocation
 from rollmux.coordinator.sim.api import JobOutcome, PolicyRun, ProgressFn, SimContext, TimelinePoint, TraceJob
 from rollmux.coordinator.sim.runtime import JobDraws
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
 AllocateFn = Callable[[JobSpec, ClusterSpec], DedicatedAllocation]
 

@@ -54,7 +54,7 @@ from rollmux.coordinator.sim.api import (
     TraceJob,
 )
 from rollmux.coordinator.sim.runtime import JobDraws
-from rollmux.model import JobSpec, Phase, Pool
+from rollmux.core.model import JobSpec, Phase, Pool
 
 _DEPARTURE, _ARRIVAL, _LEARN = 0, 1, 2  # heap order at equal times
 

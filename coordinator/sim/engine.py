@@ -11,7 +11,7 @@ from rollmux.coordinator.sim.metrics import PolicySummary, summarize
 from rollmux.coordinator.sim.runtime import RuntimeConfig, draw_job
 from rollmux.coordinator.sim.strategies import DEFAULT_POLICIES, make_strategy
 from rollmux.coordinator.sim.trace import to_job_specs
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,7 @@ from rollmux.coordinator.policy.optimum import OptimalPartition, optimal_partiti
 from rollmux.coordinator.policy.placement import RollMuxPolicy, isolated_cost
 from rollmux.coordinator.policy.state import ClusterState
 from rollmux.coordinator.sim.api import PolicyRun
-from rollmux.model import ClusterSpec, JobSpec
+from rollmux.core.model import ClusterSpec, JobSpec
 
 STATIC_POLICIES = ("rollmux", "random", "most-idle")
 

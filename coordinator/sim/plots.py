@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rollmux.coordinator.policy.intra_group import PhaseInterval
 from rollmux.coordinator.sim.api import PolicyRun
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 
 def _plt():  # noqa: ANN202

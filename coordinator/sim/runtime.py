@@ -35,7 +35,7 @@ import numpy as np
 
 from rollmux.coordinator.policy.migration import MigrationRule
 from rollmux.coordinator.sim.api import TraceJob
-from rollmux.errors import SpecError
+from rollmux.core.errors import SpecError
 
 _NORMAL = NormalDist()
 

@@ -13,7 +13,7 @@ from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.sim.api import SimContext, SimError, SimStrategy
 from rollmux.coordinator.sim.dedicated import DedicatedStrategy
 from rollmux.coordinator.sim.driver import GroupStrategy
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 
 ALL_POLICIES = ("rollmux", "solo-d", "colocate", "gavel+", "random", "most-idle", "rollmux-alg1", "opt")
 DEFAULT_POLICIES = ALL_POLICIES[:-2]  # Algorithm 1 alone and opt only on request (opt is exponential)

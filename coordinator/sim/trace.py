@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.coordinator.sim.api import TraceError, TraceJob
-from rollmux.errors import SpecError
-from rollmux.model import GB, ClusterSpec, JobSpec
+from rollmux.core.errors import SpecError
+from rollmux.core.model import GB, ClusterSpec, JobSpec
 
 REQUIRED = ("job_id", "arrival_s", "iterations", "t_roll_s", "t_train_s", "n_rollout_gpus",
             "n_train_gpus", "slo", "rollout_state_gb", "train_state_gb")

@@ -32,8 +32,8 @@ import numpy as np
 
 from rollmux.coordinator.profiler import state_bytes_per_node
 from rollmux.coordinator.sim.api import TraceJob
-from rollmux.errors import SpecError
-from rollmux.model import GB
+from rollmux.core.errors import SpecError
+from rollmux.core.model import GB
 
 
 class Workload(str, Enum):

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmux.errors import RollMuxError
-from rollmux.ports import free_port
+from rollmux.core.errors import RollMuxError
+from rollmux.core.ports import free_port
 from rollmux.sidecar import env
 
 
@@ -161,7 +161,7 @@ class LocalCluster:
         from rollmux.coordinator.service.runtime.api import ServiceConfig
         from rollmux.coordinator.service.runtime.state import live_policy_config
         from rollmux.coordinator.service.server import ServerOptions, start_in_thread
-        from rollmux.model import ClusterSpec
+        from rollmux.core.model import ClusterSpec
         from rollmux.wire.auth import operator_token
         from rollmux.wire.client import CoordinatorClient
 
@@ -228,7 +228,7 @@ class LocalCluster:
     # ------------------------------------------------------------------------------------ jobs
     def register(self, knobs: JobKnobs, *, t_roll_s: float, t_train_s: float, slo: float) -> str:
         """Register the job at the coordinator (times: measured solo phases); returns its token."""
-        from rollmux.model import JobSpec
+        from rollmux.core.model import JobSpec
 
         spec = JobSpec(name=knobs.name, n_rollout_gpus=1, n_train_gpus=1, slo=slo, model_params_b=0.001,
                        max_tokens=64, batch_size=128, rollout_state_bytes=1 << 20, train_state_bytes=1 << 20,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollmux.model import phase_key
+from rollmux.core.model import phase_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

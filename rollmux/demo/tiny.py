@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollmux.core.errors import RollMuxError, SpecError
 from rollmux.demo.launch import (
     JobKnobs,
     LaunchError,
@@ -29,7 +30,6 @@ from rollmux.demo.launch import (
     read_jsonl,
 )
 from rollmux.demo.report import Summary, gantt, solo_iteration_s, solo_phase_s, summarize
-from rollmux.errors import RollMuxError, SpecError
 
 HELP = ("three tiny GRPO jobs run solo, then multiplexed through an embedded coordinator and two "
         "sidecars (one CPU core per pool); live view, summary and a Gantt PNG")

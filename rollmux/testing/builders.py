@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollmux.model import GB, JobSpec
+from rollmux.core.model import GB, JobSpec
 
 
 def make_job(name: str = "j", *, roll: float = 100.0, train: float = 100.0, slo: float = 1.5, n_r: int = 8,

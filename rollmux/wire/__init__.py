@@ -1,6 +1,6 @@
 """The wire: what the coordinator, the sidecars and operator tools share to talk to each other.
 
-Above `rollmux.model` and `rollmux.errors`, below everything else (the policy, the coordinator
+Above `rollmux.core.model` and `rollmux.core.errors`, below everything else (the policy, the coordinator
 service, the sidecar, the adapters):
 
 * :mod:`rollmux.wire.client`: the coordinator's client (`CoordinatorClient`, `JobClient`, `NodeSession`);

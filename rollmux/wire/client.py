@@ -14,7 +14,7 @@ server sheds calls beyond its pending-call limit as CANCELLED before any handler
 exponential backoff for up to `retry_s`, rotating through the given addresses. Refusals raise the
 same `ServiceError` subclasses the server raised (`StaleEpochError`, `PermissionDeniedError`, ...),
 chosen by the error code the call carried back (`rollmux.wire.errors`). Every argument and answer is
-a `rollmux.model` type; `rollmux.wire.convert` turns them into messages and back.
+a `rollmux.core.model` type; `rollmux.wire.convert` turns them into messages and back.
 """
 
 from __future__ import annotations
@@ -31,7 +31,17 @@ from typing import Any
 
 import grpc
 
-from rollmux.model import ClusterInfo, JobInfo, JobSpec, Lease, Migration, NodeEvent, Phase, Pool, Relocation
+from rollmux.core.model import (
+    ClusterInfo,
+    JobInfo,
+    JobSpec,
+    Lease,
+    Migration,
+    NodeEvent,
+    Phase,
+    Pool,
+    Relocation,
+)
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 from rollmux.wire import convert

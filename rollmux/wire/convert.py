@@ -1,4 +1,4 @@
-"""Conversion between the wire's protobuf messages and `rollmux.model` types: the only code that
+"""Conversion between the wire's protobuf messages and `rollmux.core.model` types: the only code that
 builds or reads a message's domain content, for both protocols (``rollmux.v1`` coordinator,
 ``rollmux.sidecar.v1`` sidecar). The RPC edges (the clients and servicers) build request and
 response envelopes of plain fields around what this module returns; nothing past them sees a message.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollmux.errors import SpecError
-from rollmux.model import (
+from rollmux.core.errors import SpecError
+from rollmux.core.model import (
     ClusterInfo,
     GroupInfo,
     JobInfo,

@@ -1,6 +1,6 @@
 """The errors a coordinator call can end in, and how their codes cross the wire.
 
-Every refusal is a `ServiceError` whose `code` (`rollmux.errors.ErrorCode`) names why; the server
+Every refusal is a `ServiceError` whose `code` (`rollmux.core.errors.ErrorCode`) names why; the server
 aborts the call with the code's gRPC status and the code itself in the trailing metadata
 (`ERROR_CODE_KEY`), and the client raises the same class again from the code. A receiver that
 finds no code there (a peer from before codes were sent) falls back to the status alone.
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import grpc
 
-from rollmux.errors import ErrorCode, RollMuxError
+from rollmux.core.errors import ErrorCode, RollMuxError
 
 ERROR_CODE_KEY = "x-rollmux-error-code"
 """Trailing gRPC metadata carrying the `ErrorCode` of a refused call (coordinator and sidecar)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 
 from .conftest import ROOT, Rendered, container, name
 

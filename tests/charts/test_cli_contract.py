@@ -89,7 +89,7 @@ def test_the_schema_offers_exactly_the_coordinator_policies() -> None:
 
 
 def test_the_catalog_configmap_loads_with_the_coordinators_loader(tmp_path: Path) -> None:
-    from rollmux.model import GpuCatalog
+    from rollmux.core.model import GpuCatalog
 
     from .conftest import ci_values
 

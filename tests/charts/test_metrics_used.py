@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollmux.model import JobSpec, Phase
+from rollmux.core.model import JobSpec, Phase
 from rollmux.wire.auth import operator_token
 from rollmux.wire.client import CoordinatorClient
 

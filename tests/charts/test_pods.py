@@ -19,7 +19,7 @@ from .local_pods import CLEAN_ENV, chart_coordinator, chart_sidecar
 
 JOB = """
 import rollmux
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 reg = rollmux.register(JobSpec(name="chart-job", n_rollout_gpus=8, n_train_gpus=8, t_roll_s=1.0, t_train_s=1.0,
                                slo=3.0, rollout_state_bytes=1 << 20, train_state_bytes=1 << 20))
 assert rollmux.init() is True

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from rollmux.coordinator.profiler import DEFAULT_CALIBRATION, calibrate, resolve, state_bytes_per_node
-from rollmux.model import GB, ClusterSpec, JobSpec
+from rollmux.core.model import GB, ClusterSpec, JobSpec
 
 
 def test_measured_times_win_over_estimates(cluster: ClusterSpec) -> None:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 
 LABEL = "rollmux.sim/node"
 """The Ray node label naming the node (the sidecar's node id)."""

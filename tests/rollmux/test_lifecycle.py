@@ -5,8 +5,8 @@ from enum import Enum
 
 import pytest
 
-from rollmux.errors import RollMuxError
-from rollmux.lifecycle import IllegalTransitionError, transition
+from rollmux.core.errors import RollMuxError
+from rollmux.core.lifecycle import IllegalTransitionError, transition
 
 
 class Light(str, Enum):

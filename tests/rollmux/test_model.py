@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.errors import SpecError
-from rollmux.model import TB, ClusterSpec, GpuCatalog, JobSpec, Node, Pool
+from rollmux.core.errors import SpecError
+from rollmux.core.model import TB, ClusterSpec, GpuCatalog, JobSpec, Node, Pool
 from rollmux.testing.builders import make_job
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 
 
 def test_ports_are_distinct_and_bindable() -> None:

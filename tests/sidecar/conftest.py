@@ -14,8 +14,8 @@ import pytest
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import ClusterSpec, JobSpec, Pool
-from rollmux.ports import free_port  # noqa: F401 - the tests here import it from here
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.ports import free_port  # noqa: F401 - the tests here import it from here
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.gpu import GpuProvider, NoGpuProvider
 from rollmux.sidecar.server import serve

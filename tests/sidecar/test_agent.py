@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from rollmux.model import Phase, Pool
+from rollmux.core.model import Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollmux.model import JobSpec, Pool
+from rollmux.core.model import JobSpec, Pool
 from rollmux.sidecar import env
 from rollmux.wire.client import CoordinatorClient
 

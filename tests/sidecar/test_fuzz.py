@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import ClusterSpec, JobSpec, Phase, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc

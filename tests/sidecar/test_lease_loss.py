@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rollmux.model import Phase, Pool
+from rollmux.core.model import Phase, Pool
 from rollmux.sidecar import env
 from rollmux.wire.client import CoordinatorClient
 

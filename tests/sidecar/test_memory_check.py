@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.model import Pool
+from rollmux.core.model import Pool
 from rollmux.sidecar import env
 from rollmux.sidecar.agent import AgentConfig
 from rollmux.sidecar.gpu import (

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rollmux.model import JobSpec, Pool
+from rollmux.core.model import JobSpec, Pool
 from rollmux.wire.client import CoordinatorClient
 
 from .test_agent import Rank, holder

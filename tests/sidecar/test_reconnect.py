@@ -7,7 +7,7 @@ import time
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import ClusterSpec, Pool
+from rollmux.core.model import ClusterSpec, Pool
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.api import ConnectionState
 from rollmux.sidecar.gpu import NoGpuProvider

@@ -11,7 +11,7 @@ import pytest
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
 from rollmux.sidecar import env, registration, shim
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
 from rollmux.sidecar.api import ShimConfigError, SidecarUnreachableError
@@ -92,7 +92,7 @@ def test_register_through_sidecar_records_relaying_node_and_hides_token(secured,
 def test_registered_process_attaches_without_token_variables(secured) -> None:  # type: ignore[no-untyped-def]
     _, side = secured
     code = ("import rollmux\n"
-            "from rollmux.model import JobSpec\n"
+            "from rollmux.core.model import JobSpec\n"
             "reg = rollmux.register(JobSpec(name='relayed-b', n_rollout_gpus=1, n_train_gpus=1, t_roll_s=1.0, "
             "t_train_s=1.0, slo=3.0, rollout_state_bytes=1, train_state_bytes=1))\n"
             "assert rollmux.init() is True\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.model import JobSpec, Pool, RelocationState
+from rollmux.core.model import JobSpec, Pool, RelocationState
 from rollmux.sidecar import env
 from rollmux.sidecar.gpu import host_dram_bytes
 from rollmux.wire.client import CoordinatorClient

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from rollmux.model import Pool
+from rollmux.core.model import Pool
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.peercred import PeerPolicy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 from rollmux.sidecar.state_cache import (
     TRANSITIONS,
     CacheState,

@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any
 
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 
 SHAPES = (
     ("embed.weight", (37, 13), "float32"),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 from rollmux.sync_plugin import (
     ParamMeta,
     PlanError,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
 from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.coordinator.policy.state import ClusterState, GroupState, RolloutNodeState
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
 
 def has_room(group: GroupState, job: JobSpec, config: PolicyConfig) -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollmux.coordinator.policy.modes import roll_factor, train_factor
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.baselines.common import has_room, isolated, join, roomy_nodes
 from rollmux.coordinator.policy.state import ClusterState, GroupState
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 
 
 def idle_fraction(group: GroupState) -> float:

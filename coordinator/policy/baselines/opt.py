@@ -12,7 +12,7 @@ from __future__ import annotations
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.optimum import OptimalPartition
 from rollmux.coordinator.policy.state import ClusterState, GroupState
-from rollmux.model import JobSpec, Pool
+from rollmux.core.model import JobSpec, Pool
 
 
 class OptPolicy:

@@ -12,7 +12,7 @@ import random
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.baselines.common import has_room, isolated, join, roomy_nodes
 from rollmux.coordinator.policy.state import ClusterState
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 
 
 class RandomPolicy:

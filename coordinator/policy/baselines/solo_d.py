@@ -9,7 +9,7 @@ from __future__ import annotations
 from rollmux.coordinator.policy.api import PlacementDecision
 from rollmux.coordinator.policy.baselines.common import isolated
 from rollmux.coordinator.policy.state import ClusterState
-from rollmux.model import JobSpec
+from rollmux.core.model import JobSpec
 
 
 class SoloDPolicy:

@@ -35,7 +35,7 @@ from rollmux.coordinator.service.runtime.leases import Leases
 from rollmux.coordinator.service.runtime.records import GroupRecord, JobRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
 from rollmux.coordinator.service.runtime.states import JOB_TRANSITIONS, transition
-from rollmux.model import Deployment, JobSpec, Phase, Pool
+from rollmux.core.model import Deployment, JobSpec, Phase, Pool
 
 _SHAPE = ("n_rollout_gpus", "n_train_gpus", "rollout_state_bytes", "train_state_bytes", "deployment")
 """Spec fields a re-attaching job must send as registered: its placement was made for them."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from rollmux import lifecycle
 from rollmux.coordinator.policy.migration import MigrationRule
-from rollmux.errors import RollMuxError
+from rollmux.core import lifecycle
+from rollmux.core.errors import RollMuxError
 from rollmux.wire.errors import (  # noqa: F401  (the coordinator's modules import them from here)
     AlreadyExistsError,
     FailedPreconditionError,

@@ -17,7 +17,7 @@ from rollmux.coordinator.policy.regroup import Move
 from rollmux.coordinator.service.runtime.records import JobRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
 from rollmux.coordinator.service.runtime.states import RELOCATION_TRANSITIONS, transition
-from rollmux.model import Phase, RelocationState
+from rollmux.core.model import Phase, RelocationState
 
 
 class Directives:

@@ -32,7 +32,7 @@ from rollmux.coordinator.service.runtime.records import (
 from rollmux.coordinator.service.runtime.relocation import Relocations
 from rollmux.coordinator.service.runtime.state import Clock, Notice, RuntimeState
 from rollmux.coordinator.service.runtime.states import PERMIT_PARKED
-from rollmux.model import ClusterSpec, JobSpec, Migration, Phase, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Migration, Phase, Pool
 
 
 class Runtime:

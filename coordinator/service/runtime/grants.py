@@ -29,7 +29,7 @@ from rollmux.coordinator.service.runtime.nodes import NodeLiveness
 from rollmux.coordinator.service.runtime.records import JobRecord, dumps
 from rollmux.coordinator.service.runtime.state import RuntimeState
 from rollmux.coordinator.service.runtime.states import PERMIT_PARKED
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 
 class GrantQueues:

@@ -28,7 +28,7 @@ from rollmux.coordinator.policy.modes import sync_s
 from rollmux.coordinator.policy.regroup import slo_risks
 from rollmux.coordinator.service.runtime.records import PermitRecord, dumps
 from rollmux.coordinator.service.runtime.state import RuntimeState
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 
 class PhaseLearning:

@@ -36,7 +36,7 @@ from rollmux.coordinator.service.runtime.nodes import NodeLiveness
 from rollmux.coordinator.service.runtime.records import JobRecord, PermitRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
 from rollmux.coordinator.service.runtime.states import PERMIT_PARKED, PERMIT_TRANSITIONS, transition
-from rollmux.model import Phase, next_phase
+from rollmux.core.model import Phase, next_phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

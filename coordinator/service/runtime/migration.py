@@ -10,7 +10,7 @@ from rollmux.coordinator.service.runtime.api import FailedPreconditionError, Inv
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.leases import Leases
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.model import Migration, Phase
+from rollmux.core.model import Migration, Phase
 
 
 class LongTailMigration:

@@ -15,7 +15,7 @@ from rollmux.coordinator.service.runtime.api import AlreadyExistsError, InvalidA
 from rollmux.coordinator.service.runtime.records import NodeRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
 from rollmux.coordinator.service.runtime.states import NODE_TRANSITIONS, transition
-from rollmux.model import Pool
+from rollmux.core.model import Pool
 
 
 class NodeLiveness:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rollmux.coordinator.service.runtime.api import JobState, NodeState, PermitState
-from rollmux.model import JobSpec, Lease, Phase, Pool, Relocation, RelocationState
+from rollmux.core.model import JobSpec, Lease, Phase, Pool, Relocation, RelocationState
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
@@ -93,7 +93,7 @@ class JobRecord:
     group_id: str = ""
     rollout_nodes: tuple[str, ...] = ()  # its pins, as placed (the group record holds the training nodes)
     placement: str = ""  # the policy's explanation
-    deployment: str = "disaggregated"  # the chosen rollmux.model.Deployment (returned at registration)
+    deployment: str = "disaggregated"  # the chosen rollmux.core.model.Deployment (returned at registration)
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
     attach_nodes: tuple[str, ...] = ()  # nodes whose sidecar reported a rank of the job attached (I4)
     moves: int = 0  # relocations between groups so far
@@ -197,7 +197,7 @@ class GroupRecord:
 
 @dataclass(slots=True, kw_only=True)
 class RelocationRecord:
-    """A job's latest regrouping directive (`rollmux.model.Relocation`) and its lifecycle."""
+    """A job's latest regrouping directive (`rollmux.core.model.Relocation`) and its lifecycle."""
 
     job: str
     from_group: str

@@ -57,7 +57,7 @@ from rollmux.coordinator.service.runtime.learning import PhaseLearning
 from rollmux.coordinator.service.runtime.leases import Leases
 from rollmux.coordinator.service.runtime.records import JobRecord, PermitRecord, RelocationRecord
 from rollmux.coordinator.service.runtime.state import Notice, NoticeKind, RuntimeState
-from rollmux.model import Phase, Pool, RelocationState
+from rollmux.core.model import Phase, Pool, RelocationState
 
 
 class Relocations:

@@ -19,7 +19,7 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.service.runtime.api import JobState, NodeState, NotFoundError, ServiceConfig
 from rollmux.coordinator.service.runtime.records import JobRecord, Meta, NodeRecord, PermitRecord
-from rollmux.model import ClusterSpec, Phase
+from rollmux.core.model import ClusterSpec, Phase
 
 Clock = Callable[[], float]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import TypeVar
 
-from rollmux import lifecycle
 from rollmux.coordinator.service.runtime.api import IllegalTransitionError, JobState, NodeState, PermitState
-from rollmux.model import RelocationState
+from rollmux.core import lifecycle
+from rollmux.core.model import RelocationState
 
 S = TypeVar("S", bound=Enum)
 

@@ -48,10 +48,10 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from rollmux.core.ports import free_port
 from rollmux.demo.tiny_grpo.grpo import group_advantages, grpo_loss
 from rollmux.demo.tiny_grpo.model import Sample, TinyPolicy, sample, token_logp
 from rollmux.demo.tiny_grpo.task import PROMPT_LEN, make_prompts, reward
-from rollmux.ports import free_port
 
 PhaseHook = Callable[[str], AbstractContextManager[Any]]
 """``phase_hook("rollout"|"train"|"sync")`` returns a context manager wrapped around that phase."""

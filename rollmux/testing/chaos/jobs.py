@@ -137,7 +137,7 @@ class Jobs:
 
     # -------------------------------------------------------------------------- registration
     def _register(self, slot: Slot) -> None:
-        from rollmux.model import JobSpec
+        from rollmux.core.model import JobSpec
         from rollmux.wire.errors import AlreadyExistsError, ServiceError
 
         name = f"{slot.name}-{len(slot.runs)}"

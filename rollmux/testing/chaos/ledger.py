@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmux.model import PHASE_ORDER
+from rollmux.core.model import PHASE_ORDER
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollmux.errors import RollMuxError
-from rollmux.ports import free_port
+from rollmux.core.errors import RollMuxError
+from rollmux.core.ports import free_port
 
 REDIS_BIN = shutil.which("redis-server") or "/usr/bin/redis-server"
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rollmux.adapters.roll.gate import PoolGate
-from rollmux.model import Lease, Phase
+from rollmux.core.model import Lease, Phase
 from rollmux.sidecar import env, shim
 
 

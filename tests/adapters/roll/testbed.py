@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmux.ports import free_port
+from rollmux.core.ports import free_port
 from rollmux.sidecar import env
 
 HERE = Path(__file__).resolve().parent
@@ -71,7 +71,7 @@ class Pools:
     def start(self) -> Pools:
         from rollmux.coordinator.service.runtime.api import ServiceConfig
         from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-        from rollmux.model import ClusterSpec, Pool
+        from rollmux.core.model import ClusterSpec, Pool
 
         port = free_port()
         self.redis = subprocess.Popen([REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -89,7 +89,7 @@ class Pools:
         return self
 
     def add_node(self, node: str, pool: Any) -> str:
-        """Start one more sidecar (`node` of `pool`, a ``rollmux.model.Pool``, one GPU); its socket path."""
+        """Start one more sidecar (`node` of `pool`, a ``rollmux.core.model.Pool``, one GPU); its socket path."""
         from rollmux.sidecar.agent import AgentConfig, NodeAgent
         from rollmux.sidecar.gpu import NoGpuProvider
         from rollmux.sidecar.server import serve

@@ -12,7 +12,7 @@ import pytest
 
 from rollmux.adapters.common import AdapterError
 from rollmux.adapters.verl import driver, memory, spec
-from rollmux.model import Deployment
+from rollmux.core.model import Deployment
 
 
 def compose(*overrides: str) -> object:

@@ -9,7 +9,7 @@ import pytest
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.optimum import optimal_partition
-from rollmux.model import Deployment
+from rollmux.core.model import Deployment
 from rollmux.testing.builders import make_job
 
 

@@ -11,7 +11,7 @@ from rollmux.coordinator.policy.api import PlacementDecision, Strategy
 from rollmux.coordinator.policy.grants import group_rings
 from rollmux.coordinator.policy.optimum import cheapest_group
 from rollmux.coordinator.policy.regroup import plan_moves
-from rollmux.model import ClusterSpec, Deployment
+from rollmux.core.model import ClusterSpec, Deployment
 from rollmux.testing.builders import make_job
 
 

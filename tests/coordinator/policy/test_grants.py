@@ -17,7 +17,7 @@ from rollmux.coordinator.policy.grants import (
     served_after_leaving,
 )
 from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 from .test_intra_group import groups
 

@@ -12,7 +12,7 @@ from rollmux.coordinator.policy.intra_group import (
     t_cycle,
     t_load,
 )
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 
 def member(name: str, roll: float, train: float, nodes: tuple[int, ...] = (0,)) -> MemberTiming:

@@ -15,7 +15,7 @@ from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.policy.modes import colocated_solo_s
 from rollmux.coordinator.policy.placement import new_group_options
 from rollmux.coordinator.policy.regroup import apply_moves, place_batch, plan_moves, relocation_s, work_rate
-from rollmux.model import ClusterSpec, Deployment, JobSpec, Phase, Pool
+from rollmux.core.model import ClusterSpec, Deployment, JobSpec, Phase, Pool
 from rollmux.testing.builders import make_job
 
 from .test_intra_group import groups

@@ -9,7 +9,7 @@ import pytest
 from rollmux.coordinator.policy import ClusterState, RollMuxPolicy
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.optimum import InstanceTooLargeError, cheapest_group, optimal_partition
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 from rollmux.testing.builders import make_job
 
 

@@ -18,7 +18,7 @@ from rollmux.coordinator.policy import (
 from rollmux.coordinator.policy.api import UnknownPolicyError
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
-from rollmux.model import TB, ClusterSpec, JobSpec
+from rollmux.core.model import TB, ClusterSpec, JobSpec
 from rollmux.testing.builders import make_job
 
 ALG1 = PolicyConfig(modes=False)  # the paper's Algorithm 1: every job a disaggregated member (test_modes.py has the rest)

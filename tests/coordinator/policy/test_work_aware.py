@@ -7,7 +7,7 @@ import pytest
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import RejectReason
 from rollmux.coordinator.policy.regroup import place_batch
-from rollmux.model import Deployment
+from rollmux.core.model import Deployment
 from rollmux.testing.builders import make_job
 
 NODE_T = 8 * 5.28

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rollmux.coordinator.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import ServiceConfig
-from rollmux.model import ClusterSpec, JobSpec, Pool
+from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
 TB = 10**12
 

@@ -10,8 +10,8 @@ import pytest
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import JobSpec, Pool
-from rollmux.ports import free_port  # noqa: F401 - likewise
+from rollmux.core.model import JobSpec, Pool
+from rollmux.core.ports import free_port  # noqa: F401 - likewise
 from rollmux.testing.chaos.procs import RedisProcess  # noqa: F401 - the tests here import it from here
 from rollmux.wire.client import CoordinatorClient, NodeSession
 

@@ -26,7 +26,7 @@ import pytest
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.wire.client import CoordinatorClient
 

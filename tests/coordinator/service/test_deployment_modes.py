@@ -6,7 +6,7 @@ from __future__ import annotations
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import PermitState
 from rollmux.coordinator.service.runtime.records import GroupRecord, JobRecord
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 from .builders import make_runtime, register
 from .test_runtime import grant

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import Phase, Pool
+from rollmux.core.model import Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 from rollmux.wire import auth

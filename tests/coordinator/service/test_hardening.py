@@ -12,7 +12,7 @@ import pytest
 
 from rollmux.coordinator.service import server as server_module
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 from rollmux.wire.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError

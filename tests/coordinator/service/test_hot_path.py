@@ -94,7 +94,7 @@ def test_gauge_pass_yields_to_the_event_loop_and_counts_every_node() -> None:
     """The once-a-second gauge pass walks every node, job and group; it must hand the loop back every
     GAUGE_SLICE items (one unbroken pass was an 11 ms stall at 2,000 jobs) and still count them all."""
     from rollmux.coordinator.service import core as core_mod
-    from rollmux.model import Pool
+    from rollmux.core.model import Pool
 
     n_nodes = 3 * core_mod.GAUGE_SLICE + 1
 

@@ -14,7 +14,7 @@ import pytest
 from rollmux.coordinator.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
-from rollmux.model import ClusterSpec, JobSpec, Pool, RelocationState
+from rollmux.core.model import ClusterSpec, JobSpec, Pool, RelocationState
 from rollmux.wire.client import CoordinatorClient
 
 from .builders import TB, FakeClock

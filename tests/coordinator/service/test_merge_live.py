@@ -33,7 +33,7 @@ import pytest
 
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import ServiceConfig
-from rollmux.model import ClusterSpec, JobSpec, Phase, Relocation, RelocationState
+from rollmux.core.model import ClusterSpec, JobSpec, Phase, Relocation, RelocationState
 from rollmux.wire.client import CoordinatorClient, JobClient, JobInfo
 
 from .builders import FakeClock

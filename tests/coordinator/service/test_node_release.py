@@ -11,7 +11,7 @@ import pytest
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import InvalidArgumentError, PermitState
 from rollmux.coordinator.service.runtime.records import PermitRecord
-from rollmux.model import Phase, next_phase
+from rollmux.core.model import Phase, next_phase
 
 from .builders import grant, make_runtime, register
 
@@ -218,7 +218,7 @@ def test_an_attach_outside_the_placement_is_refused_naming_both_node_sets() -> N
 
 
 def test_a_pending_job_is_admitted_onto_the_nodes_its_ranks_attached_on() -> None:
-    from rollmux.model import Pool
+    from rollmux.core.model import Pool
 
     from .builders import TB
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rollmux.coordinator.policy.intra_group import MemberTiming, simulate_round_robin
-from rollmux.model import Phase, Pool
+from rollmux.core.model import Phase, Pool
 from rollmux.wire.client import CoordinatorClient, JobClient, NodeSession, PermitTimeoutError
 from rollmux.wire.errors import InvalidArgumentError
 

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from rollmux.coordinator.service.redis_store import RedisStore
-from rollmux.model import Phase, RelocationState
+from rollmux.core.model import Phase, RelocationState
 from rollmux.testing.chaos.procs import RedisProcess
 from rollmux.wire.auth import sha256_hex
 from rollmux.wire.client import CoordinatorClient

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.model import JobSpec, Phase, Pool, RelocationState
-from rollmux.ports import free_port
+from rollmux.core.model import JobSpec, Phase, Pool, RelocationState
+from rollmux.core.ports import free_port
 from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.wire.client import CoordinatorClient, JobClient
 

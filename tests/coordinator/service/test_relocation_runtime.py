@@ -15,7 +15,7 @@ from rollmux.coordinator.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
-from rollmux.model import ClusterSpec, JobSpec, Phase, Pool, RelocationState
+from rollmux.core.model import ClusterSpec, JobSpec, Phase, Pool, RelocationState
 from rollmux.wire.errors import FailedPreconditionError
 
 from .builders import FakeClock

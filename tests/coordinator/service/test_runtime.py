@@ -10,7 +10,7 @@ import pytest
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import JobState, NodeState, PermitState
 from rollmux.coordinator.service.runtime.state import NoticeKind
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 from rollmux.wire.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, StaleEpochError
 
 from .builders import make_runtime, register, spec
@@ -124,7 +124,7 @@ def test_a_pending_job_never_blocks_a_later_one_that_fits() -> None:
     assert c.state is JobState.ADMITTED  # b, waiting ahead of it, does not hold it back
     assert "position 1" in rt.wait_reason("b") and "position 2" in rt.wait_reason("d")
     assert rt.acquire("b", Phase.ROLLOUT, 0) is None
-    from rollmux.model import Pool
+    from rollmux.core.model import Pool
 
     for node_id, pool in (("x1", Pool.ROLLOUT), ("x2", Pool.TRAIN)):
         rt.register_node(node_id=node_id, pool=pool, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * 10**12,

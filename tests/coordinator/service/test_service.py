@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import Lease, NodeEvent, Phase, Pool
+from rollmux.core.model import Lease, NodeEvent, Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.wire.auth import node_token, operator_token
 from rollmux.wire.client import CoordinatorClient, NodeSession, PermitTimeoutError

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 from .conftest import add_nodes, job_spec
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess
 from rollmux.wire.client import CoordinatorClient
 from rollmux.wire.errors import NotReadyError

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 from rollmux.wire.client import CoordinatorClient
 from rollmux.wire.errors import NotReadyError
 

@@ -8,7 +8,7 @@ from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.runtime import RuntimeConfig
 from rollmux.coordinator.sim.workload import generate
-from rollmux.model import Phase
+from rollmux.core.model import Phase
 
 from .builders import trace_job
 

@@ -4,7 +4,7 @@ import pytest
 
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.sim.experiments import static_instance
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 from rollmux.testing.builders import make_job
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rollmux.coordinator.sim.runtime import RuntimeConfig, draw_job, sync_times_s
-from rollmux.errors import SpecError
+from rollmux.core.errors import SpecError
 
 from .builders import trace_job
 

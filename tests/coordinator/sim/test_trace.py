@@ -7,7 +7,7 @@ import pytest
 from rollmux.coordinator.sim.api import TraceError
 from rollmux.coordinator.sim.trace import REQUIRED, read_trace, to_job_spec, write_trace
 from rollmux.coordinator.sim.workload import generate
-from rollmux.model import ClusterSpec
+from rollmux.core.model import ClusterSpec
 
 HEADER = ",".join(REQUIRED)
 GOOD = "a,0,10,100,120,8,8,1.5,275.7,240.0"

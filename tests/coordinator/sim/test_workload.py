@@ -5,7 +5,7 @@ from importlib import resources
 import pytest
 
 from rollmux.coordinator.sim.workload import PROFILES, SloSpec, Workload, generate, load_arrivals
-from rollmux.errors import SpecError
+from rollmux.core.errors import SpecError
 
 
 @pytest.mark.parametrize(("text", "low", "high"), [("1.2", 1.2, 1.2), ("U(1,2)", 1.0, 2.0), (" u(1.1, 1.5) ", 1.1, 1.5)])

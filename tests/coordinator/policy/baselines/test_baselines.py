@@ -18,7 +18,7 @@ from rollmux.coordinator.policy.baselines.dedicated import planned_iteration_s
 from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy
 from rollmux.coordinator.policy.state import ClusterState
-from rollmux.model import ClusterSpec, Pool
+from rollmux.core.model import ClusterSpec, Pool
 from rollmux.testing.builders import make_job
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
-from rollmux.errors import RollMuxError
+from rollmux.core.errors import RollMuxError
 
 S = TypeVar("S", bound=Enum)
 

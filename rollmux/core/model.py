@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from rollmux.errors import SpecError
+from rollmux.core.errors import SpecError
 
 GB = 10**9
 """Bytes in a (decimal) gigabyte, the unit the paper's Table 2 uses."""
