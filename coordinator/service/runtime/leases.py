@@ -9,6 +9,13 @@ releases once every local rank of the job released there and its GPU memory came
 alone is freed and goes to the phases waiting for it, while the lease goes on holding the others
 (`permit.nodes` shrinks, `permit.freed_nodes` records it). The permit ends (RELEASED, the job's next
 phase queued) with its last node. A long-tail migration (`consolidate`) lets nodes go the same way.
+
+The lease lapses per node too: each node's part runs a TTL from its own sidecar's last heartbeat
+naming the epoch (`heartbeat`; the job's own renewal extends every node). A node whose sidecar
+stopped renewing (a rank of the job died there) is freed alone when its part lapses, fenced by a
+revocation to that node (`permit.lapsed_nodes`); the job's other nodes stay held until their own
+sidecars release them. The phase did not complete, so the permit's last node ends it EXPIRED (the
+job is parked and its phase granted again if it asks), never RELEASED.
 An expiry, revocation or cancellation ends the lease on the nodes it still holds: a node released
 early is never reclaimed by them.
 
@@ -136,8 +143,8 @@ class Leases:
             self.holder[m] = job.name
         transition(permit, PERMIT_TRANSITIONS, PermitState.GRANTED, now=state.wall(), reason=f"epoch {epoch}")
         permit.epoch, permit.nodes, permit.migrated, permit.picked = epoch, needed, False, False
-        permit.freed_nodes, permit.node_release_s = (), 0.0
-        permit.expires_at = state.clock() + state.config.lease_ttl_s
+        permit.freed_nodes, permit.node_release_s, permit.lapsed_nodes = (), 0.0, ()
+        permit.expires_at = dict.fromkeys(needed, state.clock() + state.config.lease_ttl_s)
         permit.grantable_at = max([permit.queued_at, *(self.freed_at.get(m, 0.0) for m in needed)])
         state.touch(f"permit/{job.name}", permit)
         state.notify(Notice(kind=NoticeKind.GRANTED, job=job.name, nodes=needed, epoch=permit.epoch))
@@ -176,25 +183,28 @@ class Leases:
         return permit
 
     def extend(self, permit: PermitRecord) -> None:
-        """The lease runs another TTL from now."""
-        permit.expires_at = self.state.clock() + self.state.config.lease_ttl_s
+        """The lease runs another TTL from now on every node it holds (the job itself renewed it)."""
+        permit.expires_at = dict.fromkeys(permit.nodes, self.state.clock() + self.state.config.lease_ttl_s)
 
     def renew(self, name: str, epoch: int) -> float:
         self.extend(self.granted(name, epoch, "renew"))
         return self.state.config.lease_ttl_s
 
     def heartbeat(self, node_id: str, active_epochs: Iterable[int]) -> None:
-        """A sidecar heartbeat renews the lease holding its node if the node runs that epoch."""
+        """A sidecar heartbeat renews the lease holding its node, on that node alone, if the node runs
+        that epoch (a node whose sidecar stopped naming it lapses on its own, `expire`)."""
         job = self.holder.get(node_id)
         if job is not None:
             permit = self.state.permits[job]
-            if permit.epoch in set(active_epochs):
-                self.extend(permit)
+            if permit.epoch in set(active_epochs) and node_id in permit.nodes:
+                permit.expires_at[node_id] = self.state.clock() + self.state.config.lease_ttl_s
 
     def consolidate(self, permit: PermitRecord, *, keep: tuple[str, ...], release: tuple[str, ...]) -> None:
         """Long-tail migration: the lease keeps `keep` and frees `release` (once per lease: `migrated`)."""
         permit.nodes, permit.migrated = keep, True
         permit.freed_nodes = (*permit.freed_nodes, *release)
+        for n in release:
+            permit.expires_at.pop(n, None)
         self.state.touch(f"permit/{permit.job}", permit)
         for n in release:
             self._free(n)
@@ -230,6 +240,9 @@ class Leases:
             self._release_node(permit, node_id, duration_s)
             return ReleaseResult(next_phase=upcoming[0], next_iteration=upcoming[1], already_released=False,
                                  held_nodes=permit.nodes)
+        if permit.lapsed_nodes:  # the phase did not complete on a lapsed node: fenced, not advanced
+            self._expire(permit, f"node(s) {', '.join(permit.lapsed_nodes)} lapsed; the others released")
+            return ReleaseResult(next_phase=permit.phase, next_iteration=permit.iteration, already_released=False)
         return self._end(permit, max(duration_s, permit.node_release_s))
 
     def grant_without_rank(self, node_id: str, name: str, epoch: int) -> UnusedNode:
@@ -256,6 +269,7 @@ class Leases:
     def _release_node(self, permit: PermitRecord, node_id: str, duration_s: float) -> None:
         """One node of a lease that goes on released: free it alone, hand it to the phases waiting for it."""
         permit.nodes = tuple(n for n in permit.nodes if n != node_id)
+        permit.expires_at.pop(node_id, None)
         permit.freed_nodes = (*permit.freed_nodes, node_id)
         permit.node_release_s = max(permit.node_release_s, duration_s)
         self.state.touch(f"permit/{permit.job}", permit)
@@ -309,28 +323,56 @@ class Leases:
         return res, permit
 
     def expire(self) -> list[str]:
-        """Revoke every lease past its TTL; returns the jobs whose lease expired. A lease whose node
-        went LOST is no longer renewed by its heartbeats and ends here like any other."""
+        """Revoke every lease past its TTL on every node it holds; returns the jobs whose lease expired.
+        A lease that lapsed on some of its nodes only frees those (`_lapse_nodes`) and holds the others
+        for their own sidecars' release. A lease whose node went LOST is no longer renewed by its
+        heartbeats and lapses here like any other."""
         state = self.state
         now = state.clock()
-        expired = [p for p in state.permits.values() if p.state is PermitState.GRANTED and p.expires_at <= now]
-        freed: list[str] = []
-        for permit in expired:
-            transition(permit, PERMIT_TRANSITIONS, PermitState.EXPIRED, now=state.wall(),
-                       reason=f"TTL {state.config.lease_ttl_s}s lapsed")
-            for n in permit.nodes:
-                self._free(n)
-            freed.extend(permit.nodes)
-            state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=permit.nodes, epoch=permit.epoch,
-                                reason="lease expired"))
-            state.notify(Notice(kind=NoticeKind.JOB, job=permit.job))
-            permit.nodes = ()
-            state.touch(f"permit/{permit.job}", permit)
+        expired: list[str] = []
+        for permit in [p for p in state.permits.values() if p.state is PermitState.GRANTED]:
+            lapsed = tuple(n for n in permit.nodes if permit.expires_at.get(n, 0.0) <= now)
+            if not lapsed:
+                continue
+            if len(lapsed) < len(permit.nodes):
+                self._lapse_nodes(permit, lapsed)
+            else:
+                self._expire(permit, f"TTL {state.config.lease_ttl_s}s lapsed")
+                expired.append(permit.job)
+        return expired
+
+    def _lapse_nodes(self, permit: PermitRecord, lapsed: tuple[str, ...]) -> None:
+        """Some nodes of a lease lapsed (their sidecar stopped renewing it): free them alone, fenced by a
+        revocation to them; the lease holds its other nodes until their sidecars release them."""
+        permit.nodes = tuple(n for n in permit.nodes if n not in lapsed)
+        permit.lapsed_nodes = (*permit.lapsed_nodes, *lapsed)
+        permit.freed_nodes = (*permit.freed_nodes, *lapsed)
+        for n in lapsed:
+            permit.expires_at.pop(n, None)
+            self._free(n)
+        self.state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=lapsed, epoch=permit.epoch,
+                                 reason="lease lapsed on this node"))
+        self.state.touch(f"permit/{permit.job}", permit)
+        self.grant_waiting(lapsed)
+
+    def _expire(self, permit: PermitRecord, reason: str) -> None:
+        """End the lease EXPIRED on the nodes it still holds (fenced: its holders hear a revocation);
+        the job is parked until it asks again."""
+        state = self.state
+        transition(permit, PERMIT_TRANSITIONS, PermitState.EXPIRED, now=state.wall(), reason=reason)
+        freed = permit.nodes
+        for n in freed:
+            self._free(n)
+        state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=freed, epoch=permit.epoch,
+                            reason="lease expired"))
+        state.notify(Notice(kind=NoticeKind.JOB, job=permit.job))
+        permit.nodes, permit.expires_at = (), {}
+        state.touch(f"permit/{permit.job}", permit)
         self.grant_waiting(freed)
-        return [p.job for p in expired]
 
     def next_expiry(self) -> float | None:
-        deadlines = [p.expires_at for p in self.state.permits.values() if p.state is PermitState.GRANTED]
+        deadlines = [t for p in self.state.permits.values() if p.state is PermitState.GRANTED
+                     for t in p.expires_at.values()]
         return min(deadlines, default=None)
 
     def cancel(self, name: str, reason: str) -> None:
@@ -369,7 +411,7 @@ class Leases:
         for p in state.permits.values():
             p.queued_at = now
             if p.state is PermitState.GRANTED:
-                p.expires_at = now + state.config.lease_ttl_s
+                p.expires_at = dict.fromkeys(p.nodes, now + state.config.lease_ttl_s)
                 p.picked = True
                 for n in p.nodes:
                     self.holder[n] = p.job

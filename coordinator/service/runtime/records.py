@@ -136,6 +136,8 @@ class PermitRecord:
     freed_nodes: tuple[str, ...] = ()  # nodes this lease let go before it ended: released by their own sidecar
     # (per-node release) or consolidated away (long-tail migration); a repeated release naming one is a retry
     node_release_s: float = 0.0  # longest phase duration a per-node release of this lease reported so far
+    lapsed_nodes: tuple[str, ...] = ()  # nodes of this lease whose sidecar stopped renewing it (a rank died
+    # there): freed at their TTL while the others run on; the permit then ends EXPIRED, not RELEASED
     observed_roll_s: float = 0.0  # moving average of measured rollout durations
     observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations
     iter_roll_s: float = 0.0  # this iteration's measured rollout so far (fed to the phase learner at Sync)
@@ -143,7 +145,7 @@ class PermitRecord:
     history: list = field(default_factory=list)
     # not stored: monotonic deadlines kept in memory only (reset to now + TTL after a reload,
     # since holders could not renew while the coordinator or the store was down)
-    expires_at: float = 0.0
+    expires_at: dict[str, float] = field(default_factory=dict)  # node -> when its part of the lease lapses
     queued_at: float = 0.0
     grantable_at: float = 0.0  # when the last needed node became free (grant latency starts here)
     picked: bool = True  # the job has been handed this grant (False: granted, no ask answered with it yet)
@@ -161,6 +163,7 @@ class PermitRecord:
                       "state": self.state.value, "epoch": self.epoch, "nodes": list(self.nodes),
                       "migrated": self.migrated, "last_released_epoch": self.last_released_epoch,
                       "freed_nodes": list(self.freed_nodes), "node_release_s": self.node_release_s,
+                      "lapsed_nodes": list(self.lapsed_nodes),
                       "observed_roll_s": self.observed_roll_s, "observed_train_s": self.observed_train_s,
                       "iter_roll_s": self.iter_roll_s, "iter_train_s": self.iter_train_s, "history": self.history})
 
@@ -171,6 +174,7 @@ class PermitRecord:
         d["state"] = PermitState(d["state"])
         d["nodes"] = tuple(d["nodes"])
         d["freed_nodes"] = tuple(d.get("freed_nodes", ()))  # absent from records stored by earlier versions
+        d["lapsed_nodes"] = tuple(d.get("lapsed_nodes", ()))
         return cls(**d)
 
 

@@ -1,5 +1,6 @@
 """Per-node release (I2) on the fake clock: a node's sidecar frees that node alone; the permit ends with
-its last node; expiry takes back only the nodes still held; a seeded property run over random jobs."""
+its last node; a lease lapses per node (a node whose sidecar stopped renewing is freed alone, the phase
+then ends fenced); expiry takes back only the nodes still held; a seeded property run over random jobs."""
 
 from __future__ import annotations
 
@@ -100,6 +101,51 @@ def test_expiry_of_a_partly_released_permit_frees_only_the_nodes_still_held() ->
     rt.check_invariants()
 
 
+def test_a_node_whose_sidecar_stops_renewing_lapses_alone_and_the_phase_ends_fenced() -> None:
+    """A rank of job a died on `other`: that sidecar stops naming the epoch in its heartbeats. Its node is
+    freed at its TTL (fenced by a revocation to it alone); `shared` stays a's until its sidecar releases
+    it; the permit then ends EXPIRED (parked), and the phase is granted again, not skipped."""
+    rt, clock = make_runtime(ttl=5.0)
+    shared, other = two_node_rollout(rt)
+    pa = grant(rt, "a")
+    rt.take_changes()
+    for _ in range(3):  # shared's sidecar renews every 2 s; other's is silent
+        clock.advance(2.0)
+        rt.heartbeat(shared, [pa.epoch])
+        rt.heartbeat(other, [])
+        rt.expire()
+    assert rt.holder.get(other) is None and rt.holder[shared] == "a"
+    permit = rt.permits["a"]
+    assert permit.state is PermitState.GRANTED and permit.nodes == (shared,) and permit.lapsed_nodes == (other,)
+    _, notices = rt.take_changes()
+    assert [(n.kind.value, n.nodes, n.epoch) for n in notices if n.kind.value == "revoked"] == \
+        [("revoked", (other,), pa.epoch)]
+    assert rt.permits["b"].state is not PermitState.GRANTED  # b waits for shared, which a's ranks still hold
+    rt.check_invariants()
+    res = rt.release("a", pa.epoch, 1.0, node_id=shared)
+    assert (res.next_phase, res.next_iteration, res.held_nodes) == (Phase.ROLLOUT, 0, ())
+    assert rt.permits["a"].state is PermitState.EXPIRED and rt.holder.get(shared) == "b"
+    again = rt.acquire("a", Phase.ROLLOUT, 0)  # the job asks again: the same phase, from the start
+    assert again is not None and (again.phase, again.iteration) == (Phase.ROLLOUT, 0)
+    assert again.state is PermitState.QUEUED  # behind b, which holds shared now
+    rt.check_invariants()
+
+
+def test_a_heartbeat_renews_only_its_own_nodes_part_of_the_lease() -> None:
+    rt, clock = make_runtime(ttl=5.0)
+    shared, other = two_node_rollout(rt)
+    pa = grant(rt, "a")
+    clock.advance(4.0)
+    rt.heartbeat(shared, [pa.epoch])
+    rt.heartbeat(other, [pa.epoch + 1])  # another epoch: no renewal
+    assert rt.next_deadline() == pytest.approx(clock.now + 1.0)
+    clock.advance(1.0)
+    assert rt.expire() == [] and rt.permits["a"].nodes == (shared,)
+    clock.advance(4.0)
+    assert rt.expire() == ["a"] and rt.permits["a"].state is PermitState.EXPIRED and "a" not in rt.holder.values()
+    rt.check_invariants()
+
+
 def test_the_stored_form_keeps_node_releases_and_older_records_load() -> None:
     rt, clock = make_runtime()
     shared, other, _ = half_released(rt, 4.0)
@@ -157,12 +203,16 @@ def test_random_jobs_and_node_release_orders_keep_the_invariants(seed: int) -> N
         elif roll < 0.85:
             clock.advance(rng.uniform(0.5, 3.0))
             live = {j: rt.permits[j] for j in jobs}
+            allowed = {n for n, (h, _) in before.items() if live[h].expires_at.get(n, clock.now + 1) <= clock.now}
             expired = rt.expire()
-            allowed = {n for j in expired for n, (h, _) in before.items() if h == j}
-            for j in jobs:  # a live job renews most of the time
+            for j in jobs:  # a live job renews most of the time: the job itself, or some of its nodes' sidecars
                 p = live[j]
                 if j not in expired and p.state is PermitState.GRANTED and rng.random() < 0.7:
-                    rt.renew(j, p.epoch)
+                    if rng.random() < 0.5:
+                        rt.renew(j, p.epoch)
+                    for n in p.nodes:
+                        if rng.random() < 0.8:
+                            rt.heartbeat(n, [p.epoch])
         elif permit.state is not PermitState.GRANTED:
             rt.acquire(name, permit.phase, permit.iteration)
         rt.check_invariants()
