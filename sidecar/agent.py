@@ -10,8 +10,11 @@ rank of a job) in :mod:`rollmux.sidecar.agent_permits`, the relocation directive
 that attach later in :mod:`rollmux.sidecar.agent_relocations`, its records in
 :mod:`rollmux.sidecar.agent_records`.
 
-A rank's ``Attach`` stream is its lease: when it drops without ``Detach`` the rank is DEAD, the job
-is aborted on this node and deregistered at the coordinator, which frees the node at once.
+A rank's ``Attach`` stream is its lease: when it drops without ``Detach`` the rank is DEAD and the
+job is aborted on this node (its other local ranks stop). The node stops renewing the job's lease, so
+the coordinator frees this node alone when its part of the lease lapses (fenced by a revocation); the
+job's other nodes stay held until their own ranks release them (I2). The job stays registered: a rank
+death on one node is no word on the job's other nodes.
 
 A relocation directive goes to the job's ranks attached now, and the agent keeps the job's latest
 one while it is pending, to replay it to every rank of the job that attaches later (a trainer that
@@ -269,8 +272,9 @@ class NodeAgent(PermitRelay):
     def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False, conn: str = "") -> None:
         """End a rank's lease: a clean ``Detach`` or a dropped stream (the rank died). Idempotent.
 
-        A dead rank aborts its job here and deregisters it, so the coordinator frees the node now
-        (not after the lease TTL). A clean detach with `job_done` deregisters the finished job.
+        A dead rank aborts its job on this node and stops renewing its lease here: the coordinator
+        frees this node when that lapses (its TTL), and the job's other nodes when their own sidecars
+        release them. A clean detach with `job_done` deregisters the finished job.
 
         Raises:
             RankLeaseError: a ``Detach`` for a rank id that is not live on connection `conn`.
@@ -285,11 +289,13 @@ class NodeAgent(PermitRelay):
             lease.move(RankState.DETACHED if clean else RankState.DEAD,
                        "Detach" if clean else "Attach stream dropped without Detach")
             inbox = self._inbox.pop(rank_id, None)
-            deregister = job_done or not clean
+            lapsing = 0
+            deregister = clean and job_done
             if not clean:
                 job.aborted = f"rank {lease.rank} (pid {lease.pid}) of job {job.name!r} died on node " \
                               f"{self.config.node_id}"
-                job.permit = None  # stop renewing its lease
+                lapsing = job.permit.epoch if job.permit is not None else 0
+                job.permit = None  # stop renewing its lease here: this node's part lapses at its TTL
             abandoned = job.permit.epoch if job.permit is not None and not job.live_ranks() else 0
             if abandoned:  # the last local rank left mid-phase: stop renewing, the lease lapses at its TTL
                 job.permit = None
@@ -304,12 +310,13 @@ class NodeAgent(PermitRelay):
         if abandoned:
             self._record("permit_abandoned", job=job.name, epoch=abandoned)
         if not clean:
+            self._record("job_aborted", job=job.name, pid=lease.pid, lapsing_epoch=lapsing,
+                         reason="rank died: this node's lease lapses at its TTL")
             self._fan_out(lease.job, Revocation(job=lease.job, epoch=0, reason=job.aborted or ""))
         if deregister:
             try:
                 released = job.client.deregister()
-                self._record("job_deregistered", job=job.name, released=released,
-                             reason="finished" if clean else "rank died")
+                self._record("job_deregistered", job=job.name, released=released, reason="finished")
             except (NotFoundError, PermissionDeniedError):
                 pass  # another node's sidecar deregistered it first
             except ServiceError as exc:

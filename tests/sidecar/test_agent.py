@@ -97,7 +97,7 @@ with rollmux.phase("rollout", iteration=0):
 """
 
 
-def test_killed_rank_frees_the_node(coordinator, make_node) -> None:
+def test_killed_rank_frees_the_node_when_its_lease_lapses(coordinator, make_node) -> None:
     node = make_node("r0", Pool.ROLLOUT)
     make_node("t0", Pool.TRAIN)
     token = register(coordinator, "job-k")
@@ -110,9 +110,14 @@ def test_killed_rank_frees_the_node(coordinator, make_node) -> None:
         assert holder(coordinator, "r0") == "job-k"
         proc.send_signal(signal.SIGKILL)
         proc.wait(WAIT_S)
-        # freed at once by the sidecar (the lease TTL is 5 s and heartbeats would keep renewing it)
-        wait_for(lambda: holder(coordinator, "r0") == "", "the node to be freed after the rank died", 4.0)
+        wait_for(lambda: "job_aborted" in " ".join(node.agent.status()["events"]), "the sidecar to see the death")
+        killed = time.monotonic()
+        assert node.agent.active_epochs() == []  # heartbeats no longer renew it: fenced by its TTL (5 s)
+        assert holder(coordinator, "r0") == "job-k"
+        wait_for(lambda: holder(coordinator, "r0") == "", "the lease to lapse after the rank died", 15.0)
+        assert time.monotonic() - killed > 2.0, "freed before its lease could lapse"
         assert "rank_dead" in " ".join(node.agent.status()["events"])
+        assert "job-k" in {j.job for j in CoordinatorClient(coordinator.address).cluster_state().jobs}
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -93,11 +93,13 @@ class Env:
                 and self.job in self.srv.core.rt.jobs)
 
     def settle(self, rank_id: str, job: str) -> None:
-        """Wait until the sidecar has handled the death of `rank_id` (its job aborted and deregistered)."""
+        """Wait until the sidecar has handled the death of `rank_id` (its job aborted on this node, or
+        forgotten here with its last local rank; it stays registered until its owner deregisters it)."""
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            rank = self.agent.snapshot()["ranks"].get(rank_id)
-            if rank is not None and rank[2] == "dead" and job not in self.srv.core.rt.jobs:
+            snap = self.agent.snapshot()
+            rank, local = snap["ranks"].get(rank_id), snap["jobs"].get(job)
+            if rank is not None and rank[2] == "dead" and (local is None or local[3] is not None):
                 break
             time.sleep(0.01)
         time.sleep(0.05)
