@@ -59,6 +59,23 @@ def place_pending(policy: PlacementPolicy, job: JobSpec, state: ClusterState,
     return _best(policy, job, view, ahead, LOOKAHEAD_DEPTH, decision, choices)
 
 
+def pinned_options(policy: PlacementPolicy, job: JobSpec, state: ClusterState,
+                   attach_nodes: Sequence[str]) -> list[PlacementDecision]:
+    """Placements of `job` where its ranks already run (I4: the placement is where the job runs), cheapest
+    first, ties to joins: its feasible placements in each group that holds one of `attach_nodes`, then
+    each new group it could start (whose new nodes the caller takes from `attach_nodes` first). Which of
+    them covers every attach node depends on the nodes the caller allocates; the caller tries them in
+    order. [] for a policy without options (a baseline): its own decision is all there is.
+    """
+    if not isinstance(policy, RollMuxPolicy):
+        return []
+    gids = dict.fromkeys(g for n in attach_nodes if (g := state.node_group.get(n)) is not None)
+    joins = [d for gid in gids if gid in state.groups for d in policy.join_options(job, state.groups[gid])]
+    alone = policy.alone_options(job, state.cluster)
+    ranked = sorted(enumerate([*joins, *alone]), key=lambda kv: (kv[1].delta_usd_per_h, kv[0]))
+    return [d for _, d in ranked]
+
+
 def _decide(policy: RollMuxPolicy, job: JobSpec, state: ClusterState, ahead: list[JobSpec],
             depth: int) -> PlacementDecision:
     decision = policy.place(job, state)

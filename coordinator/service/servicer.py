@@ -26,11 +26,16 @@ from rollmux.coordinator.service.runtime.api import (
     InvalidArgumentError,
     JobState,
     NodeState,
+    OutOfOrderError,
     PermissionDeniedError,
     PermitState,
     ServiceError,
 )
 from rollmux.coordinator.service.runtime.records import PermitRecord
+
+_HELD_POLL_S = 0.05
+"""How often a per-node AdvancePermit asks again while other nodes of the permit still hold the phase
+(their release queues the next phase without a notice to this job's waiters)."""
 from rollmux.core.errors import ErrorCode, SpecError
 from rollmux.core.model import (
     ClusterInfo,
@@ -343,11 +348,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return wait_s
 
     async def _await_grant(self, name: str, phase: Phase, iteration: int, wait_s: float, start: float,
-                           permit: PermitRecord | None = None, *, asked: bool = False) -> pb.AcquirePermitResponse:
+                           permit: PermitRecord | None = None, *, asked: bool = False,
+                           held: bool = False) -> pb.AcquirePermitResponse:
         """Ask for `phase` of `iteration` until granted (durably), the wait ends or the job goes.
 
         Args:
             permit / asked: the answer of an ask the caller already made in its own transition.
+            held: the caller released its node of the previous phase while other nodes still hold it:
+                the ask is out of order until they release, and is retried (every `_HELD_POLL_S`).
         """
         core = self.core
         deadline = start + wait_s
@@ -357,7 +365,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_JOB_REMOVED,
                                                     waited_s=core.clock() - start,
                                                     reason=f"job {name!r} was removed while waiting")
-                permit = await core.mutate(lambda rt: rt.acquire(name, phase, iteration))
+                try:
+                    permit = await core.mutate(lambda rt: rt.acquire(name, phase, iteration))
+                except OutOfOrderError:
+                    if not held:
+                        raise
+                    permit = None  # the previous phase is still held on other nodes: wait for them
             asked = False
             if permit is not None and permit.state is PermitState.GRANTED:
                 await core.grant_durable(name)  # only hand out a grant the store holds
@@ -369,7 +382,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                                 reason=f"waited {wait_s:.3g}s: {core.rt.wait_reason(name)}")
             event = core.job_event(name)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=remaining)
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, _HELD_POLL_S) if held else remaining)
 
     @_rpc
     async def AcquirePermit(self, request: pb.AcquirePermitRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -414,13 +427,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         start = core.clock()
         permit = core.rt.permits.get(name)
         pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
-        res, nxt = await core.mutate(lambda rt: rt.advance(name, epoch, request.duration_s))
-        if not res.already_released:
+        node_id = self._name(request.node_id, "node_id") if request.node_id else ""
+        res, nxt = await core.mutate(lambda rt: rt.advance(name, epoch, request.duration_s, node_id=node_id))
+        if not res.already_released and not res.held_nodes:
             pool.inc()
         released = pb.ReleasePermitResponse(next_phase=convert.PHASE_TO_PB[res.next_phase],
                                             next_iteration=res.next_iteration,
-                                            already_released=res.already_released)
-        nxt_msg = await self._await_grant(name, res.next_phase, res.next_iteration, wait_s, start, nxt, asked=True)
+                                            already_released=res.already_released, held_nodes=res.held_nodes)
+        nxt_msg = await self._await_grant(name, res.next_phase, res.next_iteration, wait_s, start, nxt,
+                                          asked=not res.held_nodes, held=bool(res.held_nodes))
         return pb.AdvancePermitResponse(released=released, next=nxt_msg)
 
     @_rpc

@@ -349,16 +349,18 @@ class ReleasePermitResponse(_message.Message):
     def __init__(self, next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., already_released: _Optional[bool] = ..., held_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdvancePermitRequest(_message.Message):
-    __slots__ = ("job", "epoch", "duration_s", "timeout_s")
+    __slots__ = ("job", "epoch", "duration_s", "timeout_s", "node_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     epoch: int
     duration_s: float
     timeout_s: float
-    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    node_id: str
+    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class AdvancePermitResponse(_message.Message):
     __slots__ = ("released", "next")

@@ -248,16 +248,21 @@ class JobClient:
                                                                    duration_s=duration_s, node_id=node_id))
         return convert.phase_from_pb(resp.next_phase), resp.next_iteration
 
-    def advance(self, permit: Lease, duration_s: float, *, timeout_s: float = 300.0) -> Lease:
+    def advance(self, permit: Lease, duration_s: float, *, timeout_s: float = 300.0, node_id: str = "") -> Lease:
         """End the phase and block until the job's next phase is granted: `release` then `acquire`
         in one round trip and one durable commit. Safe to retry (a repeated release is recognised).
+
+        Args:
+            node_id: as `release`: that node alone is released, and the wait lasts until the permit's
+                other nodes released too.
 
         Raises:
             StaleEpochError: `permit` no longer holds the lease (nothing was released).
             PermitTimeoutError / JobRemovedError: as `acquire`, for the next phase.
         """
         wait = min(timeout_s, 60.0)
-        req = pb.AdvancePermitRequest(job=self.name, epoch=permit.epoch, duration_s=duration_s, timeout_s=wait)
+        req = pb.AdvancePermitRequest(job=self.name, epoch=permit.epoch, duration_s=duration_s, timeout_s=wait,
+                                      node_id=node_id)
         resp = self._call("AdvancePermit", req, timeout_s=wait + 5.0)
         nxt = resp.next
         if nxt.outcome == pb.WAIT_OUTCOME_GRANTED:

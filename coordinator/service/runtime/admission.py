@@ -17,7 +17,7 @@ from dataclasses import replace
 from enum import Enum
 
 from rollmux.coordinator.policy import RollMuxPolicy
-from rollmux.coordinator.policy.admission import place_pending
+from rollmux.coordinator.policy.admission import pinned_options, place_pending
 from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.runtime.api import (
@@ -157,21 +157,35 @@ class Admission:
         return [name for name in self.state.pending() if self._admit(self.state.jobs[name])]
 
     def _admit(self, job: JobRecord) -> bool:
+        """Admit `job` by the policy's decision, or, when its ranks attached already and that decision
+        would leave one of their nodes out (I4), by its cheapest placement that covers them: a join of a
+        group holding them, or a new group whose new nodes are them (`pinned_options`)."""
         free = _attach_first(self._free_for(job.spec), job.attach_nodes)
         decision = self._decide(job.spec, free)
-        if decision is None:
-            return False
-        group = self.place(job, decision, free)
-        if not set(job.attach_nodes) <= set(self.state.job_nodes(job)):  # I4: placed where its ranks are, or wait
-            self.unplace(job)
-            job.group_id, job.rollout_nodes, job.placement = "", (), ""
-            self.state.touch(f"job/{job.name}", job)
+        tries = [decision] if decision is not None else []
+        if job.attach_nodes:
+            tries += [d for d in pinned_options(self.state.policy, job.spec, self.state.placement, job.attach_nodes)
+                      if decision_fits(d, free)]
+        group = next((g for d in tries if (g := self._place_covering(job, d, free)) is not None), None)
+        if group is None:
             return False
         transition(job, JOB_TRANSITIONS, JobState.ADMITTED, now=self.state.wall(), reason=f"placed in {group.group_id}")
         self.leases.open(job)
         self.state.notify(Notice(kind=NoticeKind.JOB, job=job.name))
         self.leases.grant_waiting(self.state.phase_nodes(job, Phase.ROLLOUT))
         return True
+
+    def _place_covering(self, job: JobRecord, decision: PlacementDecision,
+                        free: dict[Pool, list[str]]) -> GroupState | None:
+        """Place `job` by `decision` if its nodes then include every node its ranks attached on (I4);
+        otherwise undo it and return None."""
+        group = self.place(job, decision, {pool: list(nodes) for pool, nodes in free.items()})
+        if set(job.attach_nodes) <= set(self.state.job_nodes(job)):
+            return group
+        self.unplace(job)
+        job.group_id, job.rollout_nodes, job.placement = "", (), ""
+        self.state.touch(f"job/{job.name}", job)
+        return None
 
     def _decide(self, spec: JobSpec, free: dict[Pool, list[str]]) -> PlacementDecision | None:
         """The policy's decision for `spec` if the free nodes host it, else a fallback that they do.

@@ -205,8 +205,9 @@ class Runtime:
     def release(self, name: str, epoch: int, duration_s: float, *, node_id: str = "") -> ReleaseResult:
         return self.leases.release(name, epoch, duration_s, node_id=node_id)
 
-    def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
-        return self.leases.advance(name, epoch, duration_s)
+    def advance(self, name: str, epoch: int, duration_s: float, *,
+                node_id: str = "") -> tuple[ReleaseResult, PermitRecord | None]:
+        return self.leases.advance(name, epoch, duration_s, node_id=node_id)
 
     def grant_without_rank(self, node_id: str, name: str, epoch: int) -> UnusedNode:
         return self.leases.grant_without_rank(node_id, name, epoch)

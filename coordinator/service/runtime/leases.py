@@ -308,16 +308,21 @@ class Leases:
             train += a * duration_s
         return roll, train
 
-    def advance(self, name: str, epoch: int, duration_s: float) -> tuple[ReleaseResult, PermitRecord]:
-        """Release the phase held with `epoch` and ask for the next one, as one transition.
+    def advance(self, name: str, epoch: int, duration_s: float, *,
+                node_id: str = "") -> tuple[ReleaseResult, PermitRecord | None]:
+        """Release the phase held with `epoch` (on `node_id` alone, as `release`) and ask for the next
+        one, as one transition.
 
         Returns:
-            The release result and the next phase's permit (GRANTED when its nodes were free).
+            The release result and the next phase's permit (GRANTED when its nodes were free); None
+            while other nodes of the permit still hold the phase (`held_nodes`: nothing is asked yet).
 
         Raises:
-            StaleEpochError: as `release`; nothing changed.
+            StaleEpochError / InvalidArgumentError: as `release`; nothing changed.
         """
-        res = self.release(name, epoch, duration_s)
+        res = self.release(name, epoch, duration_s, node_id=node_id)
+        if res.held_nodes:
+            return res, None
         permit = self.acquire(name, res.next_phase, res.next_iteration)
         assert permit is not None  # an admitted job (it held a lease) always has a permit
         return res, permit

@@ -14,7 +14,7 @@ from rollmux.coordinator.service.runtime.api import InvalidArgumentError, Permit
 from rollmux.coordinator.service.runtime.records import PermitRecord
 from rollmux.core.model import Phase, next_phase
 
-from .builders import grant, make_runtime, register
+from .builders import grant, make_runtime, register, spec
 
 
 def two_node_rollout(rt: Runtime) -> tuple[str, str]:
@@ -288,3 +288,46 @@ def test_a_pending_job_is_admitted_onto_the_nodes_its_ranks_attached_on() -> Non
     assert rt.jobs["p"].state.value == "admitted"
     assert set(rt.state.job_nodes(rt.jobs["p"])) == {"r2", "t2"}
     rt.check_invariants()
+
+
+def test_a_pending_job_that_would_join_a_group_elsewhere_forms_a_new_group_of_its_attach_nodes() -> None:
+    """The policy's cheapest place for p is a join of a's group (+$0/h), but p's ranks attached on r1 and t1:
+    p is admitted into a new group of exactly those nodes once they are free, never into a's."""
+    from rollmux.core.model import Pool
+
+    from .builders import TB
+
+    rt, _ = make_runtime(n_rollout=0, n_train=0)
+    for n, pool in (("r0", Pool.ROLLOUT), ("t0", Pool.TRAIN), ("r1", Pool.ROLLOUT), ("t1", Pool.TRAIN)):
+        rt.register_node(node_id=n, pool=pool, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * TB, nvml={})
+    register(rt, "a")
+    register(rt, "p")
+    rt.report_attach("p", "r1")
+    rt.report_attach("p", "t1")
+    rt.node_connected("r0")
+    rt.node_connected("t0")
+    assert rt.jobs["a"].state.value == "admitted" and rt.jobs["p"].state.value == "pending"
+    assert rt.state.policy.place(rt.jobs["p"].spec, rt.state.placement).group_id == rt.jobs["a"].group_id
+    rt.node_connected("r1")
+    rt.node_connected("t1")
+    p = rt.jobs["p"]
+    assert p.state.value == "admitted" and p.group_id != rt.jobs["a"].group_id
+    assert set(rt.state.job_nodes(p)) == {"r1", "t1"}
+    assert set(grant(rt, "p").nodes) == {"r1"}  # its first permit: Rollout(0) where its rollout ranks are
+    rt.check_invariants()
+
+
+def test_pinned_options_are_joins_of_the_attach_nodes_groups_then_new_groups_cheapest_first() -> None:
+    from rollmux.coordinator.policy.admission import pinned_options
+
+    rt, _ = make_runtime()
+    register(rt, "a")
+    job = spec("q")
+    gid = rt.jobs["a"].group_id
+    a_nodes = rt.state.job_nodes(rt.jobs["a"])
+    opts = pinned_options(rt.state.policy, job, rt.state.placement, a_nodes)
+    assert opts and opts[0].group_id == gid  # a +$0/h join of the group holding the attach nodes
+    assert [d.delta_usd_per_h for d in opts] == sorted(d.delta_usd_per_h for d in opts)
+    assert any(d.group_id is None for d in opts)
+    elsewhere = pinned_options(rt.state.policy, job, rt.state.placement, ("r3",))  # a node in no group
+    assert elsewhere and all(d.group_id is None for d in elsewhere)

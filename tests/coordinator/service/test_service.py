@@ -241,3 +241,27 @@ def test_advance_permit_releases_and_returns_the_next_grant(client, coordinator)
         a._call("AdvancePermit", pb.AdvancePermitRequest(job="a", epoch=p.epoch, timeout_s=float("nan")))
     assert stored(coordinator) == before
     assert a.release(p, 1.0) == (Phase.SYNC, 1)  # the old two-call API still works beside it
+
+
+def test_advance_permit_with_a_node_id_releases_that_node_and_waits_for_the_others(client) -> None:
+    import threading
+
+    add_nodes(client, 2, 1)
+    a = client.register_job(job_spec("a", nr=16))
+    p = a.acquire(Phase.ROLLOUT, 0, timeout_s=5)
+    assert sorted(p.nodes) == ["r0", "r1"]
+    got: dict[str, object] = {}
+    waiter = threading.Thread(target=lambda: got.update(next=a.advance(p, 0.5, timeout_s=10, node_id="r0")))
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive(), "the next phase came before r1 released the rollout"
+    assert holder_of(client, "r0") == "" and holder_of(client, "r1") == "a"
+    assert a.release(p, 0.5, node_id="r1") == (Phase.TRAIN, 0)
+    waiter.join(10)
+    nxt = got["next"]
+    assert (nxt.phase, nxt.iteration, nxt.nodes) == (Phase.TRAIN, 0, ("t0",))  # type: ignore[attr-defined]
+
+
+def holder_of(client, node_id: str) -> str:  # type: ignore[no-untyped-def]
+    node = next(n for n in client.cluster_state().nodes if n.node_id == node_id)
+    return node.holder.job if node.holder is not None else ""
