@@ -47,9 +47,10 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float = 10.0) -> Iterator[Deployment]:
+def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float = 10.0,
+              sidecar_args: tuple[str, ...] = ()) -> Iterator[Deployment]:
     """Start everything (coordinator and sidecars first: a raylet's workers may attach at once), yield,
-    stop everything in reverse order."""
+    stop everything in reverse order. `sidecar_args`: further flags for every sidecar."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret = workdir / "secret"
     secret.write_text(SECRET)
@@ -73,7 +74,7 @@ def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float =
             sockets[node] = str(sock_dir / f"{node}.sock")
             sc = SidecarProcess(coordinator.address, workdir, node_id=node, pool=pool, socket_path=sockets[node],
                                 extra=["--secret-file", str(secret), "--event-log", str(node_events),
-                                       "--gpu-count", "1"])
+                                       "--gpu-count", "1", *sidecar_args])
             sc.start(wait=False)
             stack.callback(sc.stop)
             sidecars.append(sc)

@@ -1,6 +1,7 @@
 """Real veRL 0.9.1 GRPO with ``trainer.nnodes=2`` (one fake GPU per node) on a real 3-raylet Ray cluster,
 with one real sidecar per node on a real coordinator (Redis): once alone (RollMux off in its workers), once
-opted in. One module-scoped run of each; every test asserts on their logs.
+opted in and multiplexed with a cheap side job (two plain shim processes, one per GPU node, packed on the
+same nodes). One module-scoped run of each; every test asserts on their logs.
 
 What the run shows (docs: DESIGN.md "Where a job runs"):
 * I3: every process of the job that would hold GPU memory (the FSDP ``WorkerDict`` actors and the
@@ -8,12 +9,14 @@ What the run shows (docs: DESIGN.md "Where a job runs"):
 * each node's permit is granted and released on that node's own sidecar, every phase;
 * no rollout request is served on a node outside a rollout permit held there;
 * I1 for this layout: the permit's nodes are the nodes the ranks attached on;
-* the job's per-step metrics equal its solo run's.
-
-Coordinator work these runs do not show yet (no assertion here would fail today, so none is marked
-xfail): the coordinator frees all of a permit's nodes when the first node's sidecar releases (per-node
-release, I2), and places the job by node id order, not by where its ranks attached (I4: the pools are laid
-out so that both agree); a sidecar granted a job with no local rank drops the grant.
+* the job's per-step metrics equal its solo run's;
+* mutual exclusion between the two jobs on each node;
+* the memory check (sidecars read per-PID GPU bytes from the named stand-in provider, ``--gpu-memory-standin``):
+  a side rank that keeps memory holds its own node until it frees it, or until the wait ends (the event
+  names its PID), and only that node;
+* SIGKILL of the side job's rank on n2 mid-phase: n2 is freed only when its lease lapses, n1 only once its own
+  rank released; the veRL job finishes;
+* a job whose rank attaches outside its placement is refused, the error naming both node sets (I4).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -29,7 +33,16 @@ from typing import Any
 
 import pytest
 from deployment import multinode
-from verl_nodes import MultiNodeJob, raylet_env
+from verl_nodes import (
+    FREE_AFTER_S,
+    KEEP_BYTES,
+    MEMORY_WAIT_S,
+    SIDE,
+    MultiNodeJob,
+    SideRun,
+    raylet_env,
+    run_side,
+)
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.sidecar import env
@@ -41,6 +54,7 @@ GPU_NODES = ("n1", "n2")
 KEYS = ("actor/pg_loss", "critic/score/mean", "training/rollout_probs_diff_max")
 NOISE_KEYS_ABS_TOL = {"training/rollout_probs_diff_max": 5e-5}  # fp32 reduction-order noise (test_multiplex.py)
 PHASES = [(p, i) for i in range(2) for p in ("rollout", "train", "sync")]
+LEASE_TTL_S = 10.0
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -54,7 +68,10 @@ def runs(verl_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     root = tmp_path_factory.mktemp("mn")
     harness_events = root / "harness.jsonl"
     out: dict[str, Any] = {"root": root}
-    with multinode(root / "dep", raylet_env=raylet_env(harness_events)) as dep:
+    standin = root / "standin"  # per-PID GPU bytes the sidecars read (the named stand-in for NVML)
+    standin.mkdir()
+    with multinode(root / "dep", raylet_env=raylet_env(harness_events), lease_ttl_s=LEASE_TTL_S,
+                   sidecar_args=("--gpu-memory-standin", str(standin), "--memory-wait-s", str(MEMORY_WAIT_S))) as dep:
         out["ray_nodes"] = dep.ray.alive()
         solo = MultiNodeJob(name="solo", assets=verl_assets, workdir=root / "solo", address=dep.address,
                             opted_out=True)
@@ -62,8 +79,15 @@ def runs(verl_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         muxed = MultiNodeJob(name=JOB, assets=verl_assets, workdir=root / "mux", address=dep.address)
         opt_in = {env.SIDECAR_SOCKET: dep.sockets["n0"], env.EVENT_LOG: str(root / "phases.jsonl"), env.JOB: JOB,
                   adapter_env.SLO: "4", adapter_env.PHASE_S: "2,1"}  # the driver runs on the head, n0
+        side = out["side"] = SideRun()
+        driver = threading.Thread(target=run_side, args=(dep, root / "side", standin, JOB, side), daemon=True)
+        driver.start()
         out["mux"] = _run(muxed, opt_in, harness_events)
+        driver.join(120)
         out["left"] = [j.job for j in _cluster_state(dep)]
+        if side.token:  # it stays registered after its rank died (parked): its owner removes it
+            _operator(dep).job(SIDE, side.token).deregister()
+        out["stray"] = _stray(dep)
     out["node_events"] = read_jsonl(dep.node_events)
     out["phases"] = read_jsonl(root / "phases.jsonl")
     out["harness"] = read_jsonl(harness_events)
@@ -119,15 +143,46 @@ def rss_bytes(marker: Path, driver: int) -> int:
     return total
 
 
-def _cluster_state(dep: Any) -> list[Any]:
+def _operator(dep: Any) -> Any:
     from rollmux.wire.auth import operator_token
     from rollmux.wire.client import CoordinatorClient
 
-    client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
+    return CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
+
+
+def _cluster_state(dep: Any) -> list[Any]:
+    client = _operator(dep)
     try:
         return list(client.cluster_state().jobs)
     finally:
         client.close()
+
+
+def _stray(dep: Any) -> dict[str, Any]:
+    """Register a small job, then attach a rank of it on a node outside its placement: (placement, refusal)."""
+    import grpc
+
+    from rollmux.core.model import JobSpec
+    from rollmux.proto import sidecar_v1_pb2 as spb
+    from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
+
+    client = _operator(dep)
+    job = client.register_job(JobSpec(name="stray", n_rollout_gpus=1, n_train_gpus=1, t_roll_s=0.5, t_train_s=0.5,
+                                      slo=10.0, rollout_state_bytes=1 << 20, train_state_bytes=1 << 20))
+    info = job.status()
+    placed = (*info.rollout_nodes, *info.train_nodes)
+    outside = next(n for n in sorted(dep.sockets) if n not in placed)
+    with grpc.insecure_channel(f"unix:{dep.sockets[outside]}") as channel:
+        stream = spb_grpc.SidecarStub(channel).Attach(spb.AttachRequest(job="stray", job_token=str(job.token),
+                                                                          rank=0, pid=os.getpid()), timeout=30)
+        try:
+            first = next(stream)
+            refusal = None, f"attached: {first}"
+        except grpc.RpcError as exc:
+            refusal = exc.code(), exc.details()
+    job.deregister()
+    client.close()
+    return {"state": info.state, "placed": placed, "outside": outside, "code": refusal[0], "details": refusal[1]}
 
 
 def _during(runs: dict[str, Any], which: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -249,3 +304,89 @@ def test_per_step_metrics_equal_the_solo_run(runs: dict[str, Any]) -> None:
             assert math.isclose(alone[step][key], muxed[step][key], rel_tol=1e-3,
                                 abs_tol=NOISE_KEYS_ABS_TOL.get(key, 1e-6)), (step, key, alone[step][key],
                                                                               muxed[step][key])
+
+
+# ------------------------------------------------------------------------------ the side job beside it
+def side_events(runs: dict[str, Any], event: str, job: str = SIDE) -> list[dict[str, Any]]:
+    return [r for r in runs["node_events"] if r.get("event") == event and r.get("job") == job]
+
+
+def holds(runs: dict[str, Any], job: str) -> dict[str, list[tuple[float, float, int]]]:
+    """Node -> (granted, ended, epoch) of each permit of `job` there, as that node's sidecar logged it
+    (ended: its release there, or the revocation that fenced it)."""
+    ends: dict[tuple[str, int], float] = {}
+    for r in runs["node_events"]:
+        if r.get("job") == job and r.get("event") in ("released", "revoked"):
+            ends.setdefault((r["node"], r["epoch"]), r["t"])
+    out: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for r in side_events(runs, "granted", job):
+        out[r["node"]].append((r["t"], ends.get((r["node"], r["epoch"]), math.inf), r["epoch"]))
+    return out
+
+
+def test_the_side_job_ran_between_the_verl_jobs_phases_on_the_same_nodes(runs: dict[str, Any]) -> None:
+    side = runs["side"]
+    assert not side.error, side.error
+    assert side.rcs == {"n1": 0, "n2": -9}, side.rcs
+    ours, theirs = holds(runs, SIDE), holds(runs, JOB)
+    assert set(ours) == set(theirs) == set(GPU_NODES), (dict(ours), dict(theirs))
+    for node in GPU_NODES:
+        first, last = min(t for t, _, _ in theirs[node]), max(e for _, e, _ in theirs[node])
+        assert any(first < t < last for t, _, _ in ours[node]), f"the side job never ran inside the veRL run on {node}"
+        # one phase per node at a time (the sidecars' own log lines: 0.25 s for their order across processes)
+        clash = [(a, b) for a in ours[node] for b in theirs[node] if min(a[1], b[1]) - max(a[0], b[0]) > 0.25]
+        assert not clash, f"both jobs held {node} at once: {clash}"
+
+
+def released_at(runs: dict[str, Any], phase: str, iteration: int) -> dict[str, dict[str, Any]]:
+    return {r["node"]: r for r in side_events(runs, "released") if (r["phase"], r["iteration"]) == (phase, iteration)}
+
+
+def test_a_rank_that_keeps_gpu_memory_holds_only_its_own_node_until_it_frees_it(runs: dict[str, Any]) -> None:
+    """train(0): the keeper on n1 frees its bytes FREE_AFTER_S after the phase; n1 goes back once it did,
+    n2 (whose rank freed everything) at once."""
+    rel, keeper = released_at(runs, "train", 0), runs["side"].pids["n1"]
+    assert set(rel) == set(GPU_NODES), rel
+    held_s = rel["n1"]["t"] - rel["n2"]["t"]
+    assert 0.7 * FREE_AFTER_S <= held_s < MEMORY_WAIT_S, held_s
+    assert rel["n1"]["gpu_bytes"] == {str(keeper): 0}, rel["n1"]  # released once the bytes came down
+    assert not [r for r in side_events(runs, "gpu_memory_not_freed") if r["t"] < rel["n1"]["t"]]
+
+
+def test_a_rank_that_keeps_gpu_memory_past_the_wait_is_reported_by_pid_and_only_its_node_waits(
+        runs: dict[str, Any]) -> None:
+    rel, keeper = released_at(runs, "sync", 0), runs["side"].pids["n1"]
+    assert set(rel) == set(GPU_NODES), rel
+    assert rel["n1"]["t"] - rel["n2"]["t"] >= 0.9 * MEMORY_WAIT_S
+    assert rel["n1"]["gpu_bytes"] == {str(keeper): KEEP_BYTES}, rel["n1"]  # released anyway when the wait ended
+    (report,) = side_events(runs, "gpu_memory_not_freed")
+    assert (report["node"], report["pid"], report["used_bytes"]) == ("n1", keeper, KEEP_BYTES), report
+    assert report["waited_s"] >= MEMORY_WAIT_S
+    assert not [r for r in runs["node_events"] if r.get("event") == "gpu_memory_not_freed" and r.get("job") == JOB]
+
+
+def test_a_rank_killed_mid_phase_frees_its_node_at_the_lapse_and_the_other_node_after_its_own_release(
+        runs: dict[str, Any]) -> None:
+    side = runs["side"]
+    assert side.killed_at, side.error
+    (granted,) = [r for r in side_events(runs, "granted") if (r["node"], r["phase"], r["iteration"]) == ("n2", "rollout", 1)]
+    epoch = granted["epoch"]
+    aborted = [r for r in side_events(runs, "job_aborted") if r["node"] == "n2"]
+    assert aborted and aborted[0]["pid"] == side.pids["n2"] and aborted[0]["t"] >= side.killed_at - 0.1, aborted
+    lapsed = [r for r in side_events(runs, "revoked") if r["epoch"] == epoch]
+    assert [r["node"] for r in lapsed] == ["n2"], lapsed  # fenced on the dead rank's node alone
+    lapse_s = lapsed[0]["t"] - side.killed_at
+    assert LEASE_TTL_S - 1.5 <= lapse_s <= LEASE_TTL_S + 5.0, lapse_s
+    (n1_release,) = [r for r in side_events(runs, "released") if r["node"] == "n1" and r["epoch"] == epoch]
+    assert side.killed_at < n1_release["t"] < lapsed[0]["t"], (side.killed_at, n1_release["t"], lapsed[0]["t"])
+    after = [r for r in side_events(runs, "granted", JOB) if r["t"] > side.killed_at]
+    assert after, "the veRL job had no phase left after the kill"
+    assert min(r["t"] for r in after) >= lapsed[0]["t"] - 0.25, "n2 went to the veRL job before the dead rank's lease lapsed"
+    assert runs["mux"]["rc"] == 0
+
+
+def test_a_rank_attached_outside_its_jobs_placement_is_refused_naming_both_node_sets(runs: dict[str, Any]) -> None:
+    stray = runs["stray"]
+    assert stray["state"] == "admitted" and stray["code"] is not None, stray
+    assert stray["outside"] not in stray["placed"]
+    assert all(n in stray["details"] for n in (*stray["placed"], stray["outside"])), stray["details"]

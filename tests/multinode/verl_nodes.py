@@ -10,9 +10,13 @@ load in them, and each node's own sidecar socket comes on top (``deployment.py``
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HARNESS = Path(__file__).resolve().parents[1] / "adapters" / "verl" / "harness"
 if str(HARNESS) not in sys.path:
@@ -61,3 +65,112 @@ class MultiNodeJob(VerlJob):
         if self.opted_out:  # the job-level runtime env wins over the raylet's variable: opt-in off
             out.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{env.SIDECAR_SOCKET}=''")
         return out
+
+
+# ------------------------------------------------------------------------------------------ the side job
+SIDE = "sidejob"
+KEEP_BYTES = 1 << 30  # what the keeper rank "holds on its GPU" (stand-in bytes), over the per-process limit
+FREE_AFTER_S = 1.0  # train(0): the keeper frees its memory this long after leaving the phase
+KEEP_PAST_S = 5.0  # sync(0): the keeper frees it only this long after: past the sidecars' memory wait
+MEMORY_WAIT_S = 3.0  # the sidecars' --memory-wait-s in this module
+SIDE_SPEC = {"n_rollout_gpus": 2, "n_train_gpus": 2, "t_roll_s": 0.5, "t_train_s": 0.5, "slo": 10.0,
+             "rollout_state_bytes": 1 << 20, "train_state_bytes": 1 << 20, "deployment": "colocated-train"}
+"""A cheap job of plain shim processes (one rank per GPU node), packed with the veRL job on its nodes."""
+
+SIDE_RANK = r"""
+import os, pathlib, threading, time
+import rollmux
+from rollmux.sidecar.gpu import write_standin_bytes
+
+role, standin, marks = os.environ["RMX_SIDE_ROLE"], os.environ["RMX_STANDIN"], pathlib.Path(os.environ["RMX_MARKS"])
+pid = os.getpid()
+
+def hold(nbytes, free_after_s):
+    write_standin_bytes(standin, pid, nbytes)
+    threading.Timer(free_after_s, lambda: write_standin_bytes(standin, pid, 0)).start()
+
+rollmux.init()
+with rollmux.phase("rollout", iteration=0):
+    time.sleep(0.3)
+with rollmux.phase("train", iteration=0):  # the keeper frees its memory after the phase: its node waits for it
+    time.sleep(0.3)
+    if role == "keeper":
+        hold(int(os.environ["RMX_KEEP_BYTES"]), float(os.environ["RMX_FREE_AFTER_S"]))
+with rollmux.phase("sync", iteration=0):  # the keeper keeps it past the sidecar's memory wait
+    time.sleep(0.3)
+    if role == "keeper":
+        hold(int(os.environ["RMX_KEEP_BYTES"]), float(os.environ["RMX_KEEP_PAST_S"]))
+with rollmux.phase("rollout", iteration=1):  # the victim is SIGKILLed in here; the keeper finishes it
+    (marks / f"{role}.in-rollout-1").write_text(str(time.time()))
+    time.sleep(600 if role == "victim" else 4.0)
+(marks / f"{role}.released-rollout-1").write_text(str(time.time()))
+rollmux.shutdown()
+"""
+"""A rank of the side job: its phases through the shim, the memory its role holds (stand-in bytes),
+markers the test waits on."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SideRun:
+    """What the side job did, for the assertions."""
+
+    token: str = ""
+    pids: dict[str, int] = field(default_factory=dict)  # node -> its rank's pid
+    killed_at: float = 0.0  # wall time of the SIGKILL
+    rcs: dict[str, int | None] = field(default_factory=dict)  # node -> exit status
+    error: str = ""  # why the side job could not run (asserted empty)
+
+
+def side_rank_env(socket: str, job: str, token: str, role: str, standin: Path, marks: Path,
+                  events: Path) -> dict[str, str]:
+    """A side rank's environment: its node's sidecar socket and the job's credentials, the scenario knobs."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
+    return {**base, "PYTHONPATH": str(REPO), env.SIDECAR_SOCKET: socket, env.JOB: job, env.JOB_TOKEN: token,
+            env.DEPLOYMENT: "colocated-train", env.EVENT_LOG: str(events), "RMX_SIDE_ROLE": role,
+            "RMX_STANDIN": str(standin), "RMX_MARKS": str(marks), "RMX_KEEP_BYTES": str(KEEP_BYTES),
+            "RMX_FREE_AFTER_S": str(FREE_AFTER_S), "RMX_KEEP_PAST_S": str(KEEP_PAST_S)}
+
+
+def run_side(dep: Any, workdir: Path, standin: Path, after: str, out: SideRun, *, wait_s: float = 600.0) -> None:
+    """Drive the side job beside the veRL job `after`: register it once `after` is, start its keeper on n1
+    and its victim on n2 (where it is placed), SIGKILL the victim inside Rollout(1), wait for both ranks.
+    Failures go to `out.error` (this runs in a thread)."""
+    from rollmux.core.model import Deployment as Mode
+    from rollmux.core.model import JobSpec
+    from rollmux.wire.auth import operator_token
+    from rollmux.wire.client import CoordinatorClient
+
+    client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    deadline = time.monotonic() + wait_s
+    try:
+        while after not in {j.job for j in client.cluster_state().jobs}:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {after} never registered")
+            time.sleep(0.5)
+        spec = JobSpec(name=SIDE, **{**SIDE_SPEC, "deployment": Mode(SIDE_SPEC["deployment"])})  # type: ignore[arg-type]
+        job = client.register_job(spec)
+        out.token = str(job.token)
+        marks = workdir / "marks"
+        marks.mkdir(parents=True, exist_ok=True)
+        for node, role in (("n1", "keeper"), ("n2", "victim")):
+            e = side_rank_env(dep.sockets[node], SIDE, out.token, role, standin, marks, workdir / "side-phases.jsonl")
+            procs[node] = subprocess.Popen([sys.executable, "-c", SIDE_RANK], cwd=REPO, env=e,
+                                           stdout=open(workdir / f"side-{role}.log", "wb"), stderr=subprocess.STDOUT)
+            out.pids[node] = procs[node].pid
+        while not (marks / "victim.in-rollout-1").exists():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+                raise TimeoutError(f"the victim never entered Rollout(1); see {workdir}/side-*.log")
+            time.sleep(0.05)
+        procs["n2"].send_signal(signal.SIGKILL)
+        out.killed_at = time.time()
+        for node, p in procs.items():
+            out.rcs[node] = p.wait(max(1.0, deadline - time.monotonic()))
+    except Exception as exc:  # noqa: BLE001 (a thread: the test asserts on it)
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        client.close()
