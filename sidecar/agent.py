@@ -301,8 +301,8 @@ class NodeAgent(PermitRelay):
                 job.permit = None
             if not job.live_ranks() and job.permit is None:
                 self._jobs.pop(job.name, None)
-            if deregister:  # the job leaves: its directive goes with it
-                self._relocations.drop(job.name)
+            if deregister or (not clean and job.name not in self._jobs):  # the job leaves (or died) here:
+                self._relocations.drop(job.name)  # its directive goes with it (a new rank re-reads it, GetJob)
             self._cv.notify_all()
         if inbox is not None:
             inbox.put(None)  # ends the rank's Attach stream

@@ -343,9 +343,9 @@ def released_at(runs: dict[str, Any], phase: str, iteration: int) -> dict[str, d
 
 
 def test_a_rank_that_keeps_gpu_memory_holds_only_its_own_node_until_it_frees_it(runs: dict[str, Any]) -> None:
-    """train(0): the keeper on n1 frees its bytes FREE_AFTER_S after the phase; n1 goes back once it did,
+    """Rollout(0): the keeper on n1 frees its bytes FREE_AFTER_S after the phase; n1 goes back once it did,
     n2 (whose rank freed everything) at once."""
-    rel, keeper = released_at(runs, "train", 0), runs["side"].pids["n1"]
+    rel, keeper = released_at(runs, "rollout", 0), runs["side"].pids["n1"]
     assert set(rel) == set(GPU_NODES), rel
     held_s = rel["n1"]["t"] - rel["n2"]["t"]
     assert 0.7 * FREE_AFTER_S <= held_s < MEMORY_WAIT_S, held_s
@@ -355,7 +355,9 @@ def test_a_rank_that_keeps_gpu_memory_holds_only_its_own_node_until_it_frees_it(
 
 def test_a_rank_that_keeps_gpu_memory_past_the_wait_is_reported_by_pid_and_only_its_node_waits(
         runs: dict[str, Any]) -> None:
-    rel, keeper = released_at(runs, "sync", 0), runs["side"].pids["n1"]
+    """Train(0): the keeper keeps its bytes past the sidecars' memory wait: n1 goes back when the wait
+    ends, reported by PID and bytes; n2 at once."""
+    rel, keeper = released_at(runs, "train", 0), runs["side"].pids["n1"]
     assert set(rel) == set(GPU_NODES), rel
     assert rel["n1"]["t"] - rel["n2"]["t"] >= 0.9 * MEMORY_WAIT_S
     assert rel["n1"]["gpu_bytes"] == {str(keeper): KEEP_BYTES}, rel["n1"]  # released anyway when the wait ended
@@ -369,7 +371,7 @@ def test_a_rank_killed_mid_phase_frees_its_node_at_the_lapse_and_the_other_node_
         runs: dict[str, Any]) -> None:
     side = runs["side"]
     assert side.killed_at, side.error
-    (granted,) = [r for r in side_events(runs, "granted") if (r["node"], r["phase"], r["iteration"]) == ("n2", "rollout", 1)]
+    (granted,) = [r for r in side_events(runs, "granted") if (r["node"], r["phase"], r["iteration"]) == ("n2", "sync", 0)]
     epoch = granted["epoch"]
     aborted = [r for r in side_events(runs, "job_aborted") if r["node"] == "n2"]
     assert aborted and aborted[0]["pid"] == side.pids["n2"] and aborted[0]["t"] >= side.killed_at - 0.1, aborted

@@ -61,7 +61,10 @@ class MultiNodeJob(VerlJob):
         out = [*base, f"trainer.nnodes={self.nnodes}", "trainer.n_gpus_per_node=1",
                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
                f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
-               f"+ray_kwargs.ray_init.address={self.address}"]
+               f"+ray_kwargs.ray_init.address={self.address}",
+               # TransferQueue pins its storage unit (1 CPU) to the first node by Ray node id; the head has
+               # no CPUs, so without this a third of the runs failed with ActorUnschedulableError
+               "+transfer_queue.backend.SimpleStorage.required_node_resource=GPU"]
         if self.opted_out:  # the job-level runtime env wins over the raylet's variable: opt-in off
             out.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{env.SIDECAR_SOCKET}=''")
         return out
@@ -69,9 +72,9 @@ class MultiNodeJob(VerlJob):
 
 # ------------------------------------------------------------------------------------------ the side job
 SIDE = "sidejob"
-KEEP_BYTES = 1 << 30  # what the keeper rank "holds on its GPU" (stand-in bytes), over the per-process limit
-FREE_AFTER_S = 1.0  # train(0): the keeper frees its memory this long after leaving the phase
-KEEP_PAST_S = 5.0  # sync(0): the keeper frees it only this long after: past the sidecars' memory wait
+KEEP_BYTES = 3 << 30  # what the keeper rank "holds on its GPU" (stand-in bytes), over the per-process limit
+FREE_AFTER_S = 1.0  # rollout(0): the keeper frees its memory this long after leaving the phase
+KEEP_PAST_S = 5.0  # train(0): the keeper frees it only this long after: past the sidecars' memory wait
 MEMORY_WAIT_S = 3.0  # the sidecars' --memory-wait-s in this module
 SIDE_SPEC = {"n_rollout_gpus": 2, "n_train_gpus": 2, "t_roll_s": 0.5, "t_train_s": 0.5, "slo": 10.0,
              "rollout_state_bytes": 1 << 20, "train_state_bytes": 1 << 20, "deployment": "colocated-train"}
@@ -90,20 +93,18 @@ def hold(nbytes, free_after_s):
     threading.Timer(free_after_s, lambda: write_standin_bytes(standin, pid, 0)).start()
 
 rollmux.init()
-with rollmux.phase("rollout", iteration=0):
-    time.sleep(0.3)
-with rollmux.phase("train", iteration=0):  # the keeper frees its memory after the phase: its node waits for it
+# One iteration, which the round-robin runs between the veRL job's first and second iteration.
+with rollmux.phase("rollout", iteration=0):  # the keeper frees its memory after the phase: its node waits for it
     time.sleep(0.3)
     if role == "keeper":
         hold(int(os.environ["RMX_KEEP_BYTES"]), float(os.environ["RMX_FREE_AFTER_S"]))
-with rollmux.phase("sync", iteration=0):  # the keeper keeps it past the sidecar's memory wait
+with rollmux.phase("train", iteration=0):  # the keeper keeps it past the sidecar's memory wait
     time.sleep(0.3)
     if role == "keeper":
         hold(int(os.environ["RMX_KEEP_BYTES"]), float(os.environ["RMX_KEEP_PAST_S"]))
-with rollmux.phase("rollout", iteration=1):  # the victim is SIGKILLed in here; the keeper finishes it
-    (marks / f"{role}.in-rollout-1").write_text(str(time.time()))
+with rollmux.phase("sync", iteration=0):  # the victim is SIGKILLed in here; the keeper finishes it
+    (marks / f"{role}.in-sync-0").write_text(str(time.time()))
     time.sleep(600 if role == "victim" else 4.0)
-(marks / f"{role}.released-rollout-1").write_text(str(time.time()))
 rollmux.shutdown()
 """
 """A rank of the side job: its phases through the shim, the memory its role holds (stand-in bytes),
@@ -132,9 +133,9 @@ def side_rank_env(socket: str, job: str, token: str, role: str, standin: Path, m
 
 
 def run_side(dep: Any, workdir: Path, standin: Path, after: str, out: SideRun, *, wait_s: float = 600.0) -> None:
-    """Drive the side job beside the veRL job `after`: register it once `after` is, start its keeper on n1
-    and its victim on n2 (where it is placed), SIGKILL the victim inside Rollout(1), wait for both ranks.
-    Failures go to `out.error` (this runs in a thread)."""
+    """Drive the side job beside the veRL job `after`: register it once `after` ran its first phase (so that
+    their phases interleave), start its keeper on n1 and its victim on n2 (where it is placed), SIGKILL the
+    victim inside Sync(0), wait for both ranks. Failures go to `out.error` (this runs in a thread)."""
     from rollmux.core.model import Deployment as Mode
     from rollmux.core.model import JobSpec
     from rollmux.wire.auth import operator_token
@@ -144,10 +145,10 @@ def run_side(dep: Any, workdir: Path, standin: Path, after: str, out: SideRun, *
     procs: dict[str, subprocess.Popen[bytes]] = {}
     deadline = time.monotonic() + wait_s
     try:
-        while after not in {j.job for j in client.cluster_state().jobs}:
+        while not _granted(dep.node_events, after):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {after} never registered")
-            time.sleep(0.5)
+                raise TimeoutError(f"job {after} was never granted a phase")
+            time.sleep(0.2)
         spec = JobSpec(name=SIDE, **{**SIDE_SPEC, "deployment": Mode(SIDE_SPEC["deployment"])})  # type: ignore[arg-type]
         job = client.register_job(spec)
         out.token = str(job.token)
@@ -158,9 +159,9 @@ def run_side(dep: Any, workdir: Path, standin: Path, after: str, out: SideRun, *
             procs[node] = subprocess.Popen([sys.executable, "-c", SIDE_RANK], cwd=REPO, env=e,
                                            stdout=open(workdir / f"side-{role}.log", "wb"), stderr=subprocess.STDOUT)
             out.pids[node] = procs[node].pid
-        while not (marks / "victim.in-rollout-1").exists():
+        while not (marks / "victim.in-sync-0").exists():
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
-                raise TimeoutError(f"the victim never entered Rollout(1); see {workdir}/side-*.log")
+                raise TimeoutError(f"the victim never entered Sync(0); see {workdir}/side-*.log")
             time.sleep(0.05)
         procs["n2"].send_signal(signal.SIGKILL)
         out.killed_at = time.time()
@@ -174,3 +175,13 @@ def run_side(dep: Any, workdir: Path, standin: Path, after: str, out: SideRun, *
                 p.kill()
                 p.wait()
         client.close()
+
+
+def _granted(node_events: Path, job: str) -> bool:
+    """A sidecar logged a grant of `job` to its ranks."""
+    import json
+
+    if not node_events.exists():
+        return False
+    rows = (json.loads(line) for line in node_events.read_text().splitlines() if line.strip())
+    return any(r.get("event") == "granted" and r.get("job") == job for r in rows)
