@@ -4,6 +4,7 @@ dies on one node frees that node alone when its lease lapses, the other only onc
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from rollmux.core.model import JobSpec, Pool
 from rollmux.wire.client import CoordinatorClient
 
-from .test_agent import Rank, holder, wait_for
+from .test_agent import Rank, holder, start_rank, wait_for
 
 pytestmark = pytest.mark.parametrize("coordinator", ["redis"], indirect=True)
 
@@ -53,6 +54,9 @@ def test_a_released_node_goes_to_the_next_job_before_the_other_node_released(coo
 
 def test_a_rank_killed_on_one_node_frees_that_node_at_its_ttl_and_the_other_after_its_own_release(
         coordinator, make_node) -> None:
+    """A real rank process of job a is SIGKILLed mid-phase on `other`: that sidecar stops renewing, so `other`
+    is freed only when its lease lapses (TTL 5 s); `shared` stays a's until a's rank there released; the
+    phase is fenced (not advanced) and the job stays registered."""
     nodes = {n: make_node(n, Pool.ROLLOUT) for n in ("r0", "r1")}
     make_node("t0", Pool.TRAIN)
     ta = _register(coordinator, "job-a", 2)
@@ -60,22 +64,29 @@ def test_a_rank_killed_on_one_node_frees_that_node_at_its_ttl_and_the_other_afte
     client = CoordinatorClient(coordinator.address)
     (shared,) = client.job("job-b", tb).status().rollout_nodes
     (other,) = {"r0", "r1"} - {shared}
-    a_shared, a_other = Rank(nodes[shared].socket, "job-a", ta, 0), Rank(nodes[other].socket, "job-a", ta, 1)
-    b = Rank(nodes[shared].socket, "job-b", tb, 0)
+    a_shared, b = Rank(nodes[shared].socket, "job-a", ta, 0), Rank(nodes[shared].socket, "job-b", tb, 0)
     lease = a_shared.acquire("rollout", 0)
-    assert a_other.acquire("rollout", 0).epoch == lease.epoch
-    got: dict[str, object] = {}
-    waiter = threading.Thread(target=lambda: got.update(b=b.acquire("rollout", 0)))
-    waiter.start()
-    a_other.stream.cancel()  # the rank on `other` dies mid-phase (its Attach stream drops)
-    wait_for(lambda: nodes[other].agent.active_epochs() == [], "the dead rank's sidecar to stop renewing")
-    died = time.monotonic()
-    wait_for(lambda: holder(coordinator, other) == "", "the dead rank's node to lapse (TTL 5 s)")
-    assert time.monotonic() - died > 2.0, "the dead rank's node was freed before its lease lapsed"
-    time.sleep(1.0)  # well past the lapse: the other node is still the job's, its rank has not released
-    assert holder(coordinator, shared) == "job-a" and waiter.is_alive()
-    assert a_shared.release(lease.epoch).node_released
-    waiter.join(30)
-    assert not waiter.is_alive() and got["b"].nodes == [shared]  # type: ignore[attr-defined]
-    status = client.job("job-a", ta).status()  # fenced: the phase did not complete, it is not skipped
-    assert (status.next_phase.value, status.next_iteration, status.permit_state) == ("rollout", 0, "expired")
+    victim = start_rank(nodes[other].socket, "job-a", ta, 1)  # inside the same Rollout(0) on `other`
+    try:
+        got: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: got.update(b=b.acquire("rollout", 0)))
+        waiter.start()
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+        wait_for(lambda: "job_aborted" in " ".join(nodes[other].agent.status()["events"]), "the sidecar to see it")
+        died = time.monotonic()
+        assert nodes[other].agent.active_epochs() == [] and holder(coordinator, other) == "job-a"
+        wait_for(lambda: holder(coordinator, other) == "", "the dead rank's node to lapse (TTL 5 s)")
+        assert time.monotonic() - died > 2.0, "the dead rank's node was freed before its lease lapsed"
+        time.sleep(1.0)  # well past the lapse: the other node is still the job's, its rank has not released
+        assert holder(coordinator, shared) == "job-a" and waiter.is_alive()
+        assert a_shared.release(lease.epoch).node_released
+        waiter.join(30)
+        assert not waiter.is_alive() and got["b"].nodes == [shared]  # type: ignore[attr-defined]
+        status = client.job("job-a", ta).status()  # fenced: the phase did not complete, it is not skipped
+        assert (status.next_phase.value, status.next_iteration, status.permit_state) == ("rollout", 0, "expired")
+        assert "rank_dead" in " ".join(nodes[other].agent.status()["events"])
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
