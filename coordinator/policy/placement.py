@@ -36,7 +36,7 @@ from rollmux.coordinator.policy.api import (
     RejectReason,
     Strategy,
 )
-from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.intra_group import cycle_time, member_periods
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.core.model import ClusterSpec, Deployment, JobSpec, Pool
 
@@ -140,13 +140,20 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
 
 def _mode_lower_bound(group: GroupState, member: Member) -> float:
     """No placement of `member` in `group` has a period below this (shared loads)."""
-    return _bound(group, (member.t_roll_s + member.t_train_in_group_s, member.train_pool_load_s))
+    return _bound(group, (member.t_roll_s + member.t_train_in_group_s, member.train_pool_load_s),
+                  group.train_load_on_s(member.train_nodes))
 
 
-def _bound(group: GroupState, loads: tuple[float, float]) -> float:
-    """The lower bound from a member's (own cycle, training-pool load) in `group`."""
+def _bound(group: GroupState, loads: tuple[float, float], train_base_s: float | None = None) -> float:
+    """The lower bound from a member's (own cycle, training-node load) in `group`, the member's
+    training nodes already carrying `train_base_s` (default: the least any training node carries).
+
+    The group's T_cycle and busiest rollout node bound the period of the members they belong to,
+    which may share no node with the newcomer: kept in the bound all the same (conservative), since
+    a member that spans every training node, as the largest usually does, couples all of them."""
     cycle, pool = loads
-    return max(group.t_cycle_s, cycle, group.train_load_s + pool, group.max_node_load_s)
+    base = min(group.train_node_load_s.values(), default=0.0) if train_base_s is None else train_base_s
+    return max(group.t_cycle_s, cycle, base + pool, group.max_node_load_s)
 
 
 _LoadCache = dict[tuple[object, int, Deployment], tuple[float, float]]
@@ -229,8 +236,7 @@ def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig,
     if lower > budget * tol:
         return None, _slo_rejection(cand, job, {n: lower for n in [*group.members, job.name]})
     timings = group.timings() + [member.timing()]
-    period = cycle_time(timings)  # exact steady state of the round-robin schedule
-    periods = {t.name: period for t in timings}
+    periods = member_periods(timings)  # exact steady state of the round-robin schedule
     # Co-execution: per-iteration times vary, so the realised period runs above the fixed-time one:
     # every member keeps a margin below its budget (`coexec_margin`), a wider one in a group of
     # BIG_GROUP or more members (`coexec_margin_big`), where more phases contend for each node.
@@ -265,9 +271,9 @@ def join_costs_more_per_work(group: GroupState, name: str, t_ref_s: float, delta
     group's nodes longer for the same iterations. Work is counted in solo-seconds per second
     (sum of T_solo / period); `t_ref_s` is the job's T_solo in the units its `periods` entry uses.
     """
-    before = cycle_time(group.timings())
-    rate = sum(m.profile.t_solo_s for m in group.members.values()) / before if before > 0 else 0.0
-    rate_join = sum(m.profile.t_solo_s / periods.get(n, before) for n, m in group.members.items()) + t_ref_s / periods[name]
+    before = member_periods(group.timings())
+    rate = sum(m.profile.t_solo_s / before[n] for n, m in group.members.items() if before[n] > 0)
+    rate_join = sum(m.profile.t_solo_s / periods.get(n, before[n]) for n, m in group.members.items()) + t_ref_s / periods[name]
     rate_lone = rate + t_ref_s / lone_period_s
     join = (group.usd_per_h + delta_usd_per_h) / rate_join
     lone = (group.usd_per_h + lone_usd_per_h) / rate_lone
@@ -275,7 +281,7 @@ def join_costs_more_per_work(group: GroupState, name: str, t_ref_s: float, delta
         return None
     return Rejection(group_id=group.group_id, strategy=None, reason=RejectReason.OCCUPANCY,
                      message=f"joining costs ${join:,.2f} per hour of solo work, alone ${lone:,.2f} "
-                             f"(the group's period goes {before:.0f} -> {max(periods.values()):.0f} s)")
+                             f"(the group's period goes {max(before.values(), default=0.0):.0f} -> {max(periods.values()):.0f} s)")
 
 
 class PhaseLearnerLike(Protocol):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
-from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.intra_group import member_periods
 from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.core.model import GB, Deployment, JobSpec, Pool
@@ -106,8 +106,8 @@ def work_rate(group: GroupState, without: str | None = None) -> float:
     members = [m for n, m in group.members.items() if n != without]
     if not members:
         return 0.0
-    period = cycle_time([m.timing() for m in members])
-    return sum(m.profile.t_solo_s for m in members) / period if period > 0 else 0.0
+    periods = member_periods([m.timing() for m in members])
+    return sum(m.profile.t_solo_s / periods[m.spec.name] for m in members if periods[m.spec.name] > 0)
 
 
 def _rate_in(decision: PlacementDecision, state: ClusterState, job: JobSpec) -> tuple[float, float]:
@@ -460,8 +460,8 @@ def slo_risks(group: GroupState, config: PolicyConfig) -> list[str]:
     """Members whose predicted period (current profiles, learned where confident) nears their SLO, worst first."""
     if not group.members:
         return []
-    period = cycle_time(group.timings())
-    over = {n: period / m.budget_s for n, m in group.members.items() if period > m.budget_s * RISK_MARGIN}
+    periods = member_periods(group.timings())
+    over = {n: periods[n] / m.budget_s for n, m in group.members.items() if periods[n] > m.budget_s * RISK_MARGIN}
     return sorted(over, key=lambda n: -over[n])
 
 

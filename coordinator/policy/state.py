@@ -89,14 +89,14 @@ class Member:
 
     def timing(self) -> MemberTiming:
         return MemberTiming(name=self.spec.name, t_roll_s=self.t_roll_s, t_train_s=self.t_train_in_group_s,
-                            rollout_nodes=self.rollout_nodes, rollout_on_train=self.colocated)
+                            rollout_nodes=self.rollout_nodes, rollout_on_train=self.colocated, train_nodes=self.train_nodes)
 
 
 class GroupState:
     """One co-execution group and its cached summaries."""
 
     __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
-                 "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
+                 "rollout", "members", "train_node_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
                  "max_member_train_nodes", "train_pool", "train_unavailable", "_cluster")
 
     def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
@@ -110,7 +110,7 @@ class GroupState:
         self.train_dram_used_bytes = 0
         self.rollout: dict[str, RolloutNodeState] = {}
         self.members: dict[str, Member] = {}
-        self.train_load_s = 0.0
+        self.train_node_load_s: dict[str, float] = dict.fromkeys(train_nodes, 0.0)  # Train (and co-located Rollout) s queued per node
         self.t_cycle_s = 0.0
         self.min_budget_s = float("inf")
         self.min_budget_job = ""  # the member whose SLO binds first
@@ -119,6 +119,15 @@ class GroupState:
         self.train_unavailable: set[str] = set()  # training nodes that cannot take work now
 
     # -- derived -------------------------------------------------------------------------------
+    @property
+    def train_load_s(self) -> float:
+        """The most work queued on one training node per meta-iteration, s."""
+        return max(self.train_node_load_s.values(), default=0.0)
+
+    def train_load_on_s(self, nodes: Iterable[str]) -> float:
+        """The most work queued on one of `nodes` (training nodes of this group) per meta-iteration, s."""
+        return max((self.train_node_load_s[n] for n in nodes), default=0.0)
+
     @property
     def t_load_s(self) -> float:
         return max(self.train_load_s, self.max_node_load_s)
@@ -149,10 +158,16 @@ class GroupState:
         return job.t_train_s * modes.train_factor(job, self._cluster, self.train_pool, world)
 
     def own_train_nodes(self, job: JobSpec, deployment: Deployment) -> tuple[str, ...]:
-        """The training nodes `job` runs on here (its permits name these): all when elastic, else the
-        first whole nodes of the pool that hold its own GPUs (a fixed world size)."""
-        world = modes.world_gpus(job, self._cluster, deployment, self.train_gpus)
-        return self.train_nodes[: self._cluster.nodes_for(world)]
+        """The training nodes `job` runs on here (its permits name these): all when elastic, else as
+        many whole nodes as hold its own GPUs (a fixed world size), the least loaded ones (ties to the
+        pool's order), in the pool's order. Why least loaded: training nodes are per-node queues, so a
+        job on nodes the other members leave idle trains while they do."""
+        k = self._cluster.nodes_for(modes.world_gpus(job, self._cluster, deployment, self.train_gpus))
+        if k >= len(self.train_nodes):
+            return self.train_nodes
+        pos = {n: i for i, n in enumerate(self.train_nodes)}
+        chosen = sorted(self.train_nodes, key=lambda n: (self.train_node_load_s[n], pos[n]))[:k]
+        return tuple(sorted(chosen, key=pos.__getitem__))
 
     def allows(self, deployment: Deployment) -> bool:
         """Disaggregated members need a training-pool group; co-located ones run on the group's own pool."""
@@ -161,14 +176,15 @@ class GroupState:
         return modes.pool_of(deployment) is self.train_pool
 
     def make_member(self, job: JobSpec, rollout_nodes: tuple[str, ...], deployment: Deployment,
-                    profile: PhaseProfile | None = None) -> Member:
-        """`job` as a member of this group in `deployment` (not added)."""
+                    profile: PhaseProfile | None = None, train_nodes: tuple[str, ...] | None = None) -> Member:
+        """`job` as a member of this group in `deployment` (not added), on `train_nodes` (default:
+        `own_train_nodes`)."""
         c, pool = self._cluster, self.train_pool
         gpus = modes.world_gpus(job, c, deployment, self.train_gpus)
         colocated = deployment is not Deployment.DISAGGREGATED
         sw_r, sw_t = modes.switch_s(job, c) if colocated else (0.0, 0.0)
         return Member(spec=job, rollout_nodes=() if colocated else rollout_nodes, deployment=deployment,
-                      train_nodes=self.own_train_nodes(job, deployment),
+                      train_nodes=train_nodes if train_nodes is not None else self.own_train_nodes(job, deployment),
                       roll_factor=modes.roll_factor(job, c, pool, gpus) if colocated else 1.0,
                       train_factor=modes.train_factor(job, c, pool, gpus), switch_roll_s=sw_r, switch_train_s=sw_t,
                       profile=profile or PhaseProfile.planned(job))
@@ -180,11 +196,16 @@ class GroupState:
         self.rollout[node_id] = RolloutNodeState(node_id=node_id, host_dram_bytes=host_dram_bytes)
 
     def add_member(self, job: JobSpec, rollout_nodes: tuple[str, ...],
-                   deployment: Deployment = Deployment.DISAGGREGATED, profile: PhaseProfile | None = None) -> Member:
+                   deployment: Deployment = Deployment.DISAGGREGATED, profile: PhaseProfile | None = None,
+                   train_nodes: tuple[str, ...] | None = None) -> Member:
         if not self.allows(deployment):
             raise PolicyError(f"group {self.group_id} on the {self.train_pool.value} pool cannot hold "
                               f"{job.name} {deployment.value}")
-        member = self.make_member(job, rollout_nodes, deployment, profile)
+        unknown = [n for n in train_nodes or () if n not in self.train_node_load_s]
+        if unknown:
+            raise PolicyError(f"{job.name} cannot train on node(s) {','.join(unknown)}: not training nodes of "
+                              f"{self.group_id} ({','.join(self.train_nodes)})")
+        member = self.make_member(job, rollout_nodes, deployment, profile, train_nodes)
         self.members[job.name] = member
         self._add_loads(member)
         return member
@@ -199,7 +220,8 @@ class GroupState:
             node.dram_used_bytes += job.rollout_state_bytes
             self.max_node_load_s = max(self.max_node_load_s, node.load_s)
         self.train_dram_used_bytes += job.train_state_bytes + (job.rollout_state_bytes if member.colocated else 0)
-        self.train_load_s += member.train_pool_load_s
+        for n in member.train_nodes:
+            self.train_node_load_s[n] += member.train_pool_load_s
         self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
         if member.budget_s < self.min_budget_s:
             self.min_budget_s, self.min_budget_job = member.budget_s, job.name
@@ -218,7 +240,8 @@ class GroupState:
                 del self.rollout[n]
                 released.append(n)
         self.train_dram_used_bytes -= (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
-        self.train_load_s -= member.train_pool_load_s
+        for n in member.train_nodes:
+            self.train_node_load_s[n] -= member.train_pool_load_s
         return released
 
     def _refresh_summaries(self) -> None:
@@ -374,12 +397,14 @@ class ClusterState:
         return group
 
     def restore_group(self, group_id: str, train_nodes: tuple[str, ...], rollout_nodes: tuple[str, ...],
-                      members: Iterable[tuple[JobSpec, tuple[str, ...]] | tuple[JobSpec, tuple[str, ...], Deployment]],
+                      members: Iterable[tuple[JobSpec, tuple[str, ...]] | tuple[JobSpec, tuple[str, ...], Deployment]
+                                        | tuple[JobSpec, tuple[str, ...], Deployment, tuple[str, ...]]],
                       train_pool: Pool = Pool.TRAIN) -> GroupState:
         """Rebuild a group from durable records (coordinator restart), keeping indexes and ids consistent.
 
         Members come in round-robin order with their pinned rollout nodes (and their deployment
-        mode; disaggregated when left out). New group ids continue after the highest restored
+        mode, disaggregated when left out; and the training nodes they train on, chosen again by
+        `GroupState.own_train_nodes` in member order when left out or empty). New group ids continue after the highest restored
         numeric id, so a restored cluster never reuses an id.
         """
         if group_id in self.groups:
@@ -387,8 +412,10 @@ class ClusterState:
         group = self._new_group(group_id, tuple(train_nodes), train_pool)
         for n in rollout_nodes:
             self._add_rollout_node(group, n)
-        for spec, pinned, *mode in members:
-            group.add_member(spec, tuple(pinned), mode[0] if mode else Deployment.DISAGGREGATED)
+        for spec, pinned, *rest in members:
+            mode = rest[0] if rest else Deployment.DISAGGREGATED
+            trains = tuple(rest[1]) if len(rest) > 1 and rest[1] else None
+            group.add_member(spec, tuple(pinned), mode, train_nodes=trains)
             self.job_group[spec.name] = group_id
         group.check_invariants()
         self.groups[group_id] = group
