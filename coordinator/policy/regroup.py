@@ -57,12 +57,15 @@ def relocation_s(job: JobSpec, config: PolicyConfig) -> float:
 
 
 def freed_usd_per_h(group: GroupState, name: str) -> float:
-    """$/h released if member `name` leaves `group` (its exclusive rollout nodes, or the whole group)."""
+    """$/h released if member `name` leaves `group` (its exclusive rollout and training nodes, or the
+    whole group; `GroupState.remove_member` releases the same)."""
     if len(group.members) == 1:
         return group.usd_per_h
     c = group._cluster  # noqa: SLF001  (same package: the group's own price table)
     alone = sum(1 for n in group.members[name].rollout_nodes if group.rollout[n].jobs == [name])
-    return alone * c.node_usd_per_h(Pool.ROLLOUT)
+    others = {n for other, m in group.members.items() if other != name for n in m.train_nodes}
+    train_alone = sum(1 for n in group.train_nodes if n not in others)
+    return alone * c.node_usd_per_h(Pool.ROLLOUT) + train_alone * c.node_usd_per_h(group.train_pool)
 
 
 def move_cap(state: ClusterState, config: PolicyConfig, name: str) -> int:

@@ -254,8 +254,20 @@ class GroupState:
         self.max_member_train_nodes = max((self._cluster.nodes_for(m.spec.n_train_gpus) for m in ms), default=0)
 
     def remove_member(self, name: str) -> list[str]:
-        """Remove a member; returns the rollout nodes left empty (released)."""
+        """Remove a member; returns the nodes left empty (released): rollout nodes no member is pinned
+        to, and, while members remain, training nodes none of them trains on (a fixed-world-size
+        member never uses them; an elastic one trains on all, so none is released under it)."""
         released = self._drop_loads(self.members.pop(name))
+        if self.members:
+            used = {n for m in self.members.values() for n in m.train_nodes}
+            idle = [n for n in self.train_nodes if n not in used]
+            if idle:
+                self.train_nodes = tuple(n for n in self.train_nodes if n in used)
+                self.train_gpus = len(self.train_nodes) * self._cluster.gpus_per_node
+                for n in idle:
+                    del self.train_node_load_s[n]
+                    self.train_unavailable.discard(n)
+                released += idle
         self._refresh_summaries()
         return released
 
