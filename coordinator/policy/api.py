@@ -30,7 +30,8 @@ class Strategy(str, Enum):
     """How a job is placed (paper Fig. 5)."""
 
     DIRECT_PACKING = "direct-packing"  # existing rollout nodes only; delta cost 0
-    ROLLOUT_SCALING = "rollout-scaling"  # some new rollout nodes; the training pool is never grown
+    ROLLOUT_SCALING = "rollout-scaling"  # some new rollout nodes
+    TRAIN_SCALING = "train-scaling"  # existing rollout nodes; the job brings its own new training nodes
     ISOLATED = "isolated"  # a new group with the job's own N_R + N_T GPUs
 
 
@@ -102,6 +103,12 @@ class PolicyConfig:
     # a group whose training pool exceeds every member's need takes no newcomer (it would keep the
     # pool alive). False: pairs share the larger job's training nodes only.
     pool_merge: bool = True
+    # Train scaling: a job joins a group on its rollout nodes bringing its own new training nodes
+    # (+ their $/h; its Train runs there, beside the members' on theirs: per-node queues), which
+    # saves its rollout nodes over a new group. Why: a fixed-world-size job trains on exactly its
+    # own GPUs, so sharing the rollout pool is what is left to share when its Train cannot queue
+    # behind the members'. False: Algorithm 1's rule, the training pool is never grown by a join.
+    train_scaling: bool = True
     # Co-execution margin: a join is feasible when the fixed-time period is within every member's
     # budget / (1 + margin). Per-iteration times vary, so the realised period of a shared schedule
     # runs above the fixed-time (max-plus) one; without it jobs admitted at exactly their budget
@@ -171,7 +178,7 @@ class PlacementDecision:
     group_id: str | None  # target group; None = a new isolated group
     rollout_nodes: tuple[str, ...]  # existing rollout node ids the job is pinned to
     new_rollout_nodes: int  # rollout nodes to provision and pin the job to as well
-    new_train_nodes: int  # training nodes to provision (isolated groups only)
+    new_train_nodes: int  # training nodes to provision: a new group's, or those a train-scaling join brings
     delta_usd_per_h: float  # marginal cost: Cost(G') - Cost(G)
     t_coexec_s: dict[str, float] = field(default_factory=dict)  # member -> predicted period after placement
     rejections: tuple[Rejection, ...] = ()
@@ -184,7 +191,8 @@ class PlacementDecision:
         where = self.group_id or "new group"
         lines = [f"{self.job} -> {where} by {self.strategy.value} ({self.deployment.value}): "
                  f"+${self.delta_usd_per_h:,.2f}/h "
-                 f"(pins {len(self.rollout_nodes)} existing + {self.new_rollout_nodes} new rollout nodes)"]
+                 f"(pins {len(self.rollout_nodes)} existing + {self.new_rollout_nodes} new rollout nodes"
+                 + (f", {self.new_train_nodes} new training nodes)" if self.new_train_nodes else ")")]
         if self.reason:
             lines.append(f"  why: {self.reason}")
         lines += [f"  rejected {r}" for r in self.rejections]

@@ -95,7 +95,7 @@ class Member:
 class GroupState:
     """One co-execution group and its cached summaries."""
 
-    __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
+    __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_node_dram_used",
                  "rollout", "members", "train_node_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
                  "max_member_train_nodes", "train_pool", "train_unavailable", "_cluster")
 
@@ -107,7 +107,7 @@ class GroupState:
         self.train_nodes = train_nodes
         self.train_gpus = len(train_nodes) * cluster.gpus_per_node
         self.train_dram_bytes = train_dram_bytes  # capacity of the smallest training node
-        self.train_dram_used_bytes = 0
+        self.train_node_dram_used: dict[str, int] = dict.fromkeys(train_nodes, 0)  # resident state per training node, bytes
         self.rollout: dict[str, RolloutNodeState] = {}
         self.members: dict[str, Member] = {}
         self.train_node_load_s: dict[str, float] = dict.fromkeys(train_nodes, 0.0)  # Train (and co-located Rollout) s queued per node
@@ -125,8 +125,32 @@ class GroupState:
         return max(self.train_node_load_s.values(), default=0.0)
 
     def train_load_on_s(self, nodes: Iterable[str]) -> float:
-        """The most work queued on one of `nodes` (training nodes of this group) per meta-iteration, s."""
-        return max((self.train_node_load_s[n] for n in nodes), default=0.0)
+        """The most work queued on one of `nodes` per meta-iteration, s (0 on a node new to the group)."""
+        return max((self.train_node_load_s.get(n, 0.0) for n in nodes), default=0.0)
+
+    @property
+    def train_dram_used_bytes(self) -> int:
+        """Resident state on the fullest training node, bytes."""
+        return max(self.train_node_dram_used.values(), default=0)
+
+    @property
+    def least_train_dram_used_bytes(self) -> int:
+        """Resident state on the emptiest training node, bytes (a newcomer needs at least this)."""
+        return min(self.train_node_dram_used.values(), default=0)
+
+    def train_dram_on(self, nodes: Iterable[str]) -> int:
+        """Resident state on the fullest of `nodes`, bytes (0 on a node new to the group)."""
+        return max((self.train_node_dram_used.get(n, 0) for n in nodes), default=0)
+
+    def add_train_nodes(self, node_ids: Iterable[str]) -> None:
+        """Grow the training pool by nodes a joining member brings (train scaling)."""
+        for n in node_ids:
+            if n in self.train_node_load_s:
+                raise PolicyError(f"training node {n} is already in group {self.group_id}")
+            self.train_nodes += (n,)
+            self.train_node_load_s[n] = 0.0
+            self.train_node_dram_used[n] = 0
+        self.train_gpus = len(self.train_nodes) * self._cluster.gpus_per_node
 
     @property
     def t_load_s(self) -> float:
@@ -219,7 +243,8 @@ class GroupState:
             node.load_s += member.t_roll_s
             node.dram_used_bytes += job.rollout_state_bytes
             self.max_node_load_s = max(self.max_node_load_s, node.load_s)
-        self.train_dram_used_bytes += job.train_state_bytes + (job.rollout_state_bytes if member.colocated else 0)
+        for n in member.train_nodes:
+            self.train_node_dram_used[n] += job.train_state_bytes + (job.rollout_state_bytes if member.colocated else 0)
         for n in member.train_nodes:
             self.train_node_load_s[n] += member.train_pool_load_s
         self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
@@ -239,7 +264,8 @@ class GroupState:
             if release and not node.jobs:
                 del self.rollout[n]
                 released.append(n)
-        self.train_dram_used_bytes -= (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
+        for n in member.train_nodes:
+            self.train_node_dram_used[n] -= (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
         for n in member.train_nodes:
             self.train_node_load_s[n] -= member.train_pool_load_s
         return released
@@ -265,7 +291,7 @@ class GroupState:
                 self.train_nodes = tuple(n for n in self.train_nodes if n in used)
                 self.train_gpus = len(self.train_nodes) * self._cluster.gpus_per_node
                 for n in idle:
-                    del self.train_node_load_s[n]
+                    del self.train_node_load_s[n], self.train_node_dram_used[n]
                     self.train_unavailable.discard(n)
                 released += idle
         self._refresh_summaries()
@@ -401,7 +427,13 @@ class ClusterState:
         new_ids = alloc(Pool.ROLLOUT, decision.new_rollout_nodes) if decision.new_rollout_nodes else []
         for n in new_ids:
             self._add_rollout_node(group, n)
-        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids), decision.deployment)
+        trains = None
+        if decision.strategy is Strategy.TRAIN_SCALING:  # the job brings its own training nodes and trains there
+            trains = tuple(alloc(group.train_pool, decision.new_train_nodes))
+            group.add_train_nodes(trains)
+            group.train_dram_bytes = self._train_dram(group.train_nodes)
+            group.train_unavailable |= {n for n in trains if n in self.unavailable}
+        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids), decision.deployment, train_nodes=trains)
         group.check_invariants()
         self.job_group[job.name] = group.group_id
         self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group.group_id))
