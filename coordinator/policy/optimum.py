@@ -1,8 +1,9 @@
 """The offline optimum for small instances: the cheapest partition of a job set into groups.
 
 All jobs are known and present at once. A group's cheapest configuration has max(N_T) training
-GPUs (each member trains on its own N_T of them, pinned to training nodes like its rollout to
-rollout nodes, or on all when elastic) and uses the fewest rollout nodes for which some pinning of
+GPUs or more (each member trains on its own N_T of them, pinned to training nodes like its rollout
+to rollout nodes, so fixed-world-size jobs on disjoint nodes train side by side; or on all when
+elastic) and uses the fewest rollout nodes for which some pinning of
 its jobs keeps every node's DRAM within capacity and every member within its SLO under the
 round-robin schedule on per-node queues (the same simulation as the online policy). Group costs are memoised per subset; subsets whose
 sub-subset is infeasible are skipped (removing a job never lengthens anyone's period nor adds
@@ -63,6 +64,7 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster
     used = [0] * m
     load = [0.0] * m
     load_t = [0.0] * train_nodes
+    used_t = [0] * train_nodes
     chosen: list[tuple[int, ...]] = []
     chosen_t: list[tuple[int, ...]] = []
 
@@ -78,10 +80,12 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster
         j = jobs[i]
         # Untouched nodes are interchangeable: only the first few of them are worth trying.
         for combo_t in itertools.combinations(range(min(train_nodes, touched_t + need_t[i])), need_t[i]):
-            if any(load_t[n] + t_train[i] > min(budgets) for n in combo_t):
+            if any(load_t[n] + t_train[i] > min(budgets) or used_t[n] + j.train_state_bytes >= dram  # type: ignore[operator]
+                   for n in combo_t):
                 continue
             for n in combo_t:
                 load_t[n] += t_train[i]
+                used_t[n] += j.train_state_bytes  # type: ignore[operator]
             chosen_t.append(combo_t)
             for combo in itertools.combinations(range(min(m, touched + need[i])), need[i]):
                 if any(used[n] + j.rollout_state_bytes >= dram for n in combo):  # type: ignore[operator]
@@ -101,6 +105,7 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster
             chosen_t.pop()
             for n in combo_t:
                 load_t[n] -= t_train[i]
+                used_t[n] -= j.train_state_bytes  # type: ignore[operator]
         return False
 
     if dfs(0, 0, 0):
@@ -119,26 +124,37 @@ def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: Policy
         from rollmux.coordinator.policy.placement import BIG_GROUP
 
         slack += config.coexec_margin_big if len(jobs) >= BIG_GROUP else config.coexec_margin
-    train_nodes = max(cluster.nodes_for(j.n_train_gpus) for j in jobs)
+    need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
+    need_t = [cluster.nodes_for(j.n_train_gpus) for j in jobs]
+    r_usd, t_usd = cluster.node_usd_per_h(Pool.ROLLOUT), cluster.node_usd_per_h(Pool.TRAIN)
+    best: OptimalGroup | None = None
+    # max(N_T) training nodes, or more: fixed-world-size jobs on disjoint nodes train side by side.
+    for train_nodes in range(max(need_t), sum(need_t) + 1):
+        if best is not None and train_nodes * t_usd + max(need) * r_usd >= best.usd_per_h:
+            break
+        if not _may_fit(jobs, train_nodes, cluster, config, slack):
+            continue
+        for m in range(max(need), sum(need) + 1):
+            cost = m * r_usd + train_nodes * t_usd
+            if best is not None and cost >= best.usd_per_h:
+                break
+            found = _feasible_pinning(jobs, train_nodes, m, cluster, config, slack)
+            if found is not None:
+                best = OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
+                                    pinning=found[0], train_pinning=found[1], usd_per_h=cost)
+                break
+    return best
+
+
+def _may_fit(jobs: Sequence[JobSpec], train_nodes: int, cluster: ClusterSpec, config: PolicyConfig, slack: float) -> bool:
+    """Necessary condition for `jobs` on `train_nodes` training nodes: the training node-seconds per
+    iteration spread over the nodes at best, and each job's own cycle, fit the tightest budget."""
     train_gpus = train_nodes * cluster.gpus_per_node
-    if sum(j.train_state_bytes for j in jobs) >= cluster.host_dram_bytes:  # type: ignore[misc]
-        return None
     t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
-    # Training node-seconds per iteration spread over the pool's nodes at best, and each job's own cycle.
     node_s = sum(t * cluster.nodes_for(modes.world_gpus(j, cluster, Deployment.DISAGGREGATED, train_gpus))
                  for j, t in zip(jobs, t_train))
     lower = max(node_s / train_nodes, max(j.t_roll_s + t for j, t in zip(jobs, t_train)))  # type: ignore[operator]
-    if lower > min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance) / slack:
-        return None
-    need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
-    for m in range(max(need), sum(need) + 1):
-        found = _feasible_pinning(jobs, train_nodes, m, cluster, config, slack)
-        if found is not None:
-            pinning, train_pinning = found
-            cost = m * cluster.node_usd_per_h(Pool.ROLLOUT) + train_nodes * cluster.node_usd_per_h(Pool.TRAIN)
-            return OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
-                                pinning=pinning, train_pinning=train_pinning, usd_per_h=cost)
-    return None
+    return lower <= min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance) / slack
 
 
 def _alone(job: JobSpec, cluster: ClusterSpec, config: PolicyConfig) -> OptimalGroup:

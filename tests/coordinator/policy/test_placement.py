@@ -195,7 +195,7 @@ def test_train_scaling_shares_the_rollout_node_and_trains_beside_the_member() ->
     b = make_job("B", roll=50, train=200, slo=1.2)
     off = RollMuxPolicy(ALG1).place(b, state)
     assert off.strategy is Strategy.ISOLATED and off.delta_usd_per_h == pytest.approx(NODE_R + NODE_T)
-    decision = RollMuxPolicy(PolicyConfig(modes=False)).place(b, state)
+    decision = RollMuxPolicy(PolicyConfig(modes=False, train_scaling=True)).place(b, state)
     assert decision.strategy is Strategy.TRAIN_SCALING and decision.group_id == "g0", decision.explain()
     assert decision.delta_usd_per_h == pytest.approx(NODE_T) and decision.new_train_nodes == 1
     # Rollouts queue on the shared node (50 + 50 < 250), Trains run side by side: each keeps its solo 250 s.
