@@ -459,6 +459,7 @@ class ClusterState:
         for spec, pinned, *rest in members:
             mode = rest[0] if rest else Deployment.DISAGGREGATED
             trains = tuple(rest[1]) if len(rest) > 1 and rest[1] else None
+            assert isinstance(mode, Deployment)
             group.add_member(spec, tuple(pinned), mode, train_nodes=trains)
             self.job_group[spec.name] = group_id
         group.check_invariants()
