@@ -165,12 +165,20 @@ def _one_iteration_matrix(members: Sequence[MemberTiming]) -> list[list[float]]:
 
     State variables: when each rollout node, each training node and each job become free. Every
     step of the schedule is a max or a +, so one iteration is max-plus linear; running it on
-    symbolic rows (variable -> offset) yields A directly.
+    symbolic rows (variable -> offset) yields A directly. Nodes of one kind that serve exactly the
+    same members are always freed together, so they share one variable (a job's own four nodes
+    are one): the matrix, and Karp's cubic search, stay small.
     """
-    nodes = sorted({n for m in members for n in m.rollout_nodes}, key=repr)
-    index = {("node", n): i for i, n in enumerate(nodes)}
-    for n in sorted({n for m in members for n in m.train_nodes}, key=repr):
-        index[("train", n)] = len(index)
+    users: dict[tuple[str, Hashable], list[int]] = {}
+    for j, m in enumerate(members):
+        for key in [*(("node", n) for n in m.rollout_nodes), *(("train", n) for n in m.train_nodes)]:
+            users.setdefault(key, []).append(j)
+    var = {key: (key[0], tuple(js)) for key, js in users.items()}  # node -> its class of identical nodes
+    roll_vars = [list(dict.fromkeys(var["node", n] for n in m.rollout_nodes)) for m in members]
+    train_vars = [list(dict.fromkeys(var["train", n] for n in m.train_nodes)) for m in members]
+    index: dict[object, int] = {}
+    for v in var.values():
+        index.setdefault(v, len(index))
     for j in range(len(members)):
         index[("job", j)] = len(index)
     size = len(index)
@@ -190,18 +198,18 @@ def _one_iteration_matrix(members: Sequence[MemberTiming]) -> list[list[float]]:
     for j, m in enumerate(members):
         start = expr[("job", j)]
         if m.rollout_on_train:
-            for n in m.train_nodes:
-                start = vmax(start, expr[("train", n)])
-        for n in m.rollout_nodes:
-            start = vmax(start, expr[("node", n)])
+            for v in train_vars[j]:
+                start = vmax(start, expr[v])
+        for v in roll_vars[j]:
+            start = vmax(start, expr[v])
         end = vadd(start, m.t_roll_s)
-        for n in m.rollout_nodes:
-            expr[("node", n)] = end
-        for n in m.train_nodes:
-            end = vmax(end, expr[("train", n)])
+        for v in roll_vars[j]:
+            expr[v] = end
+        for v in train_vars[j]:
+            end = vmax(end, expr[v])
         done = vadd(end, m.t_train_s)
-        for n in m.train_nodes:
-            expr[("train", n)] = done
+        for v in train_vars[j]:
+            expr[v] = done
         expr[("job", j)] = done
     return [expr[key] for key in index]
 
