@@ -108,7 +108,7 @@ class PolicyConfig:
     # saves its rollout nodes over a new group. Why: a fixed-world-size job trains on exactly its
     # own GPUs, so sharing the rollout pool is what is left to share when its Train cannot queue
     # behind the members'. False (the default): Algorithm 1's rule, the training pool is never grown
-    # by a join. Off because it measured worse: headline Solo-D / RollMux 1.575x off, 1.536x on (a
+    # by a join. Off because it measured worse: headline Solo-D / RollMux 1.583x off, 1.578x on (a
     # join at +1 training node takes the place of a new group that later jobs would have shared).
     train_scaling: bool = False
     # Co-execution margin: a join is feasible when the fixed-time period is within every member's
