@@ -45,7 +45,7 @@ def _check_invariants(intervals, jobs) -> None:  # noqa: ANN001
     then runs on a few GPUs beside the next rollout, until `end_s`."""
     per_node = defaultdict(list)
     per_job = defaultdict(list)
-    for gid, ivs in intervals.items():
+    for ivs in intervals.values():
         for iv in ivs:
             if iv.end_s <= iv.start_s:
                 continue
