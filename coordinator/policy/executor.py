@@ -7,7 +7,7 @@ release time while the job's Train still waits for the whole Rollout). The simul
 every group segment through `run_schedule`, so the simulator and the service share one grant rule.
 
 `intra_group.simulate_round_robin` computes the same event times in one topological pass (and
-`intra_group.cycle_time` their steady state, which the SLO check uses); the property tests check
+`intra_group.member_periods` their steady state, which the SLO check uses); the property tests check
 that the two agree.
 """
 
@@ -18,15 +18,14 @@ from collections.abc import Hashable, Sequence
 
 from rollmux.coordinator.policy.grants import PhaseRequest, Ring, grant_step
 from rollmux.coordinator.policy.intra_group import (
-    TRAIN_POOL,
     MemberTiming,
     PhaseInterval,
     PhaseTimeFn,
     ReleaseFn,
     ScheduleResult,
-    cycle_time,
     default_horizon,
     empirical_periods,
+    member_periods,
 )
 from rollmux.core.model import Phase
 
@@ -42,12 +41,14 @@ class _Run:
         self.names = [m.name for m in members]
         self.index = {m.name: i for i, m in enumerate(members)}
         node_key = {n: f"r{k}" for k, n in enumerate(dict.fromkeys(n for m in members for n in m.rollout_nodes))}
-        self.node_of_key: dict[str, Hashable] = {v: k for k, v in node_key.items()}
-        # A co-located Rollout runs on the training pool, in its job's turn there (the Train follows in the same turn).
-        self.nodes = [(TRAIN_POOL,) if m.rollout_on_train else tuple(node_key[n] for n in m.rollout_nodes)
-                      for m in members]
-        order = {key: tuple(m.name for m, ks in zip(members, self.nodes) if key in ks) for key in self.node_of_key}
-        order[TRAIN_POOL] = tuple(self.names)
+        train_key = {n: f"t{k}" for k, n in enumerate(dict.fromkeys(n for m in members for n in m.train_nodes))}
+        self.train_nodes = [tuple(train_key[n] for n in m.train_nodes) for m in members]
+        # A co-located Rollout runs on its training nodes, in its job's turn there (the Train follows in the same turn).
+        self.nodes = [self.train_nodes[i] if m.rollout_on_train else tuple(node_key[n] for n in m.rollout_nodes)
+                      for i, m in enumerate(members)]
+        keys = [*node_key.values(), *train_key.values()]
+        order = {key: tuple(m.name for m, ks, ts in zip(members, self.nodes, self.train_nodes) if key in ks or key in ts)
+                 for key in keys}
         self.rings = {key: Ring(order=o, turn=o[0]) for key, o in order.items()}
         self.holders: dict[str, str] = {}
         self.requests: dict[str, PhaseRequest] = {}
@@ -68,7 +69,7 @@ class _Run:
 
     def ask(self, idx: int) -> None:
         rollout = self.phase[idx] is Phase.ROLLOUT
-        nodes = self.nodes[idx] if rollout else (TRAIN_POOL,)
+        nodes = self.nodes[idx] if rollout else self.train_nodes[idx]
         keeps = rollout and self.members[idx].rollout_on_train  # Rollout then Train, one turn on the pool
         self.requests[self.names[idx]] = PhaseRequest(job=self.names[idx], nodes=nodes, keeps_turn=keeps)
 
@@ -105,7 +106,7 @@ class _Run:
 
     def record(self, idx: int, phase: Phase, start: float, end: float, released: float | None) -> None:
         m = self.members[idx]
-        nodes = tuple(m.rollout_nodes) if phase is Phase.ROLLOUT and not m.rollout_on_train else (TRAIN_POOL,)
+        nodes = tuple(m.rollout_nodes) if phase is Phase.ROLLOUT and not m.rollout_on_train else tuple(m.train_nodes)
         self.intervals.append(PhaseInterval(job=self.names[idx], phase=phase, iteration=self.iteration[idx],
                                             start_s=start, end_s=end, nodes=nodes, released_s=released))
 
@@ -149,8 +150,7 @@ def run_schedule(members: Sequence[MemberTiming], *, iterations: int | None = No
     if n_iter > 0:
         run.run()
     if phase_time is None and rollout_release is None:
-        period = cycle_time(members)
-        periods = {m.name: period for m in members}
+        periods = member_periods(members)
     else:
         periods = empirical_periods(members, run.roll_starts, run.ready)
     return ScheduleResult(periods_s=periods, intervals=tuple(run.intervals) if record else (),

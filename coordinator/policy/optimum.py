@@ -1,9 +1,11 @@
 """The offline optimum for small instances: the cheapest partition of a job set into groups.
 
 All jobs are known and present at once. A group's cheapest configuration has max(N_T) training
-GPUs (each member trains on its own N_T of them, or on all when elastic) and uses the fewest rollout nodes for which some pinning of its jobs keeps every
-node's DRAM within capacity and every member within its SLO under the round-robin schedule
-(the same simulation as the online policy). Group costs are memoised per subset; subsets whose
+GPUs (each member trains on its own N_T of them, pinned to training nodes like its rollout to
+rollout nodes, so fixed-world-size jobs on disjoint nodes train side by side; or on all when
+elastic) and uses the fewest rollout nodes for which some pinning of
+its jobs keeps every node's DRAM within capacity and every member within its SLO under the
+round-robin schedule on per-node queues (the same simulation as the online policy). Group costs are memoised per subset; subsets whose
 sub-subset is infeasible are skipped (removing a job never lengthens anyone's period nor adds
 state), and a dynamic programme over bitmasks picks the cheapest partition.
 
@@ -23,8 +25,8 @@ from dataclasses import dataclass
 
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PolicyConfig, PolicyError
-from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
-from rollmux.core.model import ClusterSpec, JobSpec, Pool
+from rollmux.coordinator.policy.intra_group import MemberTiming, member_periods
+from rollmux.core.model import ClusterSpec, Deployment, JobSpec, Pool
 
 MAX_OPT_JOBS = 14
 
@@ -39,6 +41,7 @@ class OptimalGroup:
     rollout_nodes: int
     train_nodes: int
     pinning: dict[str, tuple[int, ...]]  # job -> rollout node indices
+    train_pinning: dict[str, tuple[int, ...]]  # job -> training node indices
     usd_per_h: float
 
 
@@ -48,49 +51,65 @@ class OptimalPartition:
     usd_per_h: float
 
 
-def _feasible_pinning(jobs: Sequence[JobSpec], train_gpus: int, m: int, cluster: ClusterSpec,
-                      config: PolicyConfig, slack: float = 1.0) -> dict[str, tuple[int, ...]] | None:
-    """Depth-first search for a pinning of `jobs` on `m` rollout nodes; None if none is feasible."""
+def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster: ClusterSpec, config: PolicyConfig,
+                      slack: float = 1.0) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]] | None:
+    """Depth-first search for a pinning of `jobs` on `m` rollout nodes and `train_nodes` training
+    nodes: (rollout pinning, training pinning), or None if none is feasible."""
     dram = cluster.host_dram_bytes
+    train_gpus = train_nodes * cluster.gpus_per_node
     need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
+    need_t = [cluster.nodes_for(modes.world_gpus(j, cluster, Deployment.DISAGGREGATED, train_gpus)) for j in jobs]
     t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
     budgets = [j.slo * j.t_solo_s * (1 + config.slo_tolerance) / slack for j in jobs]
     used = [0] * m
     load = [0.0] * m
+    load_t = [0.0] * train_nodes
+    used_t = [0] * train_nodes
     chosen: list[tuple[int, ...]] = []
+    chosen_t: list[tuple[int, ...]] = []
 
     def check() -> bool:
-        timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=t, rollout_nodes=nodes)  # type: ignore[arg-type]
-                   for j, t, nodes in zip(jobs, t_train, chosen)]
-        period = cycle_time(timings)
-        return all(period <= b for b in budgets)
+        timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=t, rollout_nodes=nodes, train_nodes=tn)  # type: ignore[arg-type]
+                   for j, t, nodes, tn in zip(jobs, t_train, chosen, chosen_t)]
+        periods = member_periods(timings)
+        return all(periods[j.name] <= b for j, b in zip(jobs, budgets))
 
-    def dfs(i: int, touched: int) -> bool:
+    def dfs(i: int, touched: int, touched_t: int) -> bool:
         if i == len(jobs):
             return check()
         j = jobs[i]
         # Untouched nodes are interchangeable: only the first few of them are worth trying.
-        pool = list(range(min(m, touched + need[i])))
-        for combo in itertools.combinations(pool, need[i]):
-            if any(used[n] + j.rollout_state_bytes >= dram for n in combo):  # type: ignore[operator]
+        for combo_t in itertools.combinations(range(min(train_nodes, touched_t + need_t[i])), need_t[i]):
+            if any(load_t[n] + t_train[i] > min(budgets) or used_t[n] + j.train_state_bytes >= dram  # type: ignore[operator]
+                   for n in combo_t):
                 continue
-            if any(load[n] + j.t_roll_s > min(budgets) for n in combo):  # type: ignore[operator]
-                continue
-            for n in combo:
-                used[n] += j.rollout_state_bytes  # type: ignore[operator]
-                load[n] += j.t_roll_s  # type: ignore[operator]
-            chosen.append(combo)
-            ok = dfs(i + 1, max(touched, max(combo) + 1))
-            if ok:
-                return True
-            chosen.pop()
-            for n in combo:
-                used[n] -= j.rollout_state_bytes  # type: ignore[operator]
-                load[n] -= j.t_roll_s  # type: ignore[operator]
+            for n in combo_t:
+                load_t[n] += t_train[i]
+                used_t[n] += j.train_state_bytes  # type: ignore[operator]
+            chosen_t.append(combo_t)
+            for combo in itertools.combinations(range(min(m, touched + need[i])), need[i]):
+                if any(used[n] + j.rollout_state_bytes >= dram for n in combo):  # type: ignore[operator]
+                    continue
+                if any(load[n] + j.t_roll_s > min(budgets) for n in combo):  # type: ignore[operator]
+                    continue
+                for n in combo:
+                    used[n] += j.rollout_state_bytes  # type: ignore[operator]
+                    load[n] += j.t_roll_s  # type: ignore[operator]
+                chosen.append(combo)
+                if dfs(i + 1, max(touched, max(combo) + 1), max(touched_t, max(combo_t) + 1)):
+                    return True
+                chosen.pop()
+                for n in combo:
+                    used[n] -= j.rollout_state_bytes  # type: ignore[operator]
+                    load[n] -= j.t_roll_s  # type: ignore[operator]
+            chosen_t.pop()
+            for n in combo_t:
+                load_t[n] -= t_train[i]
+                used_t[n] -= j.train_state_bytes  # type: ignore[operator]
         return False
 
-    if dfs(0, 0):
-        return {j.name: c for j, c in zip(jobs, chosen)}
+    if dfs(0, 0, 0):
+        return {j.name: c for j, c in zip(jobs, chosen)}, {j.name: c for j, c in zip(jobs, chosen_t)}
     return None
 
 
@@ -105,22 +124,39 @@ def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: Policy
         from rollmux.coordinator.policy.placement import BIG_GROUP
 
         slack += config.coexec_margin_big if len(jobs) >= BIG_GROUP else config.coexec_margin
-    train_nodes = max(cluster.nodes_for(j.n_train_gpus) for j in jobs)
-    train_gpus = train_nodes * cluster.gpus_per_node
-    if sum(j.train_state_bytes for j in jobs) >= cluster.host_dram_bytes:  # type: ignore[misc]
-        return None
-    t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
-    lower = max(sum(t_train), max(j.t_roll_s + t for j, t in zip(jobs, t_train)))  # type: ignore[operator]
-    if lower > min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance) / slack:
-        return None
     need = [cluster.nodes_for(j.n_rollout_gpus) for j in jobs]
-    for m in range(max(need), sum(need) + 1):
-        pinning = _feasible_pinning(jobs, train_gpus, m, cluster, config, slack)
-        if pinning is not None:
-            cost = m * cluster.node_usd_per_h(Pool.ROLLOUT) + train_nodes * cluster.node_usd_per_h(Pool.TRAIN)
-            return OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
-                                pinning=pinning, usd_per_h=cost)
-    return None
+    need_t = [cluster.nodes_for(j.n_train_gpus) for j in jobs]
+    r_usd, t_usd = cluster.node_usd_per_h(Pool.ROLLOUT), cluster.node_usd_per_h(Pool.TRAIN)
+    best: OptimalGroup | None = None
+    # max(N_T) training nodes, the pool Algorithm 1 never grows. More (fixed-world-size jobs side by
+    # side on their own nodes, as a pool merge leaves them) is outside the search: its pinning search
+    # over the larger pools took minutes per 8-job instance, so the online policy can land below it.
+    for train_nodes in range(max(need_t), max(need_t) + 1):
+        if best is not None and train_nodes * t_usd + max(need) * r_usd >= best.usd_per_h:
+            break
+        if not _may_fit(jobs, train_nodes, cluster, config, slack):
+            continue
+        for m in range(max(need), sum(need) + 1):
+            cost = m * r_usd + train_nodes * t_usd
+            if best is not None and cost >= best.usd_per_h:
+                break
+            found = _feasible_pinning(jobs, train_nodes, m, cluster, config, slack)
+            if found is not None:
+                best = OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
+                                    pinning=found[0], train_pinning=found[1], usd_per_h=cost)
+                break
+    return best
+
+
+def _may_fit(jobs: Sequence[JobSpec], train_nodes: int, cluster: ClusterSpec, config: PolicyConfig, slack: float) -> bool:
+    """Necessary condition for `jobs` on `train_nodes` training nodes: the training node-seconds per
+    iteration spread over the nodes at best, and each job's own cycle, fit the tightest budget."""
+    train_gpus = train_nodes * cluster.gpus_per_node
+    t_train = [j.t_train_s * modes.train_stretch(j, train_gpus) for j in jobs]  # type: ignore[operator]
+    node_s = sum(t * cluster.nodes_for(modes.world_gpus(j, cluster, Deployment.DISAGGREGATED, train_gpus))
+                 for j, t in zip(jobs, t_train))
+    lower = max(node_s / train_nodes, max(j.t_roll_s + t for j, t in zip(jobs, t_train)))  # type: ignore[operator]
+    return lower <= min(j.slo * j.t_solo_s for j in jobs) * (1 + config.slo_tolerance) / slack
 
 
 def _alone(job: JobSpec, cluster: ClusterSpec, config: PolicyConfig) -> OptimalGroup:
@@ -133,7 +169,8 @@ def _alone(job: JobSpec, cluster: ClusterSpec, config: PolicyConfig) -> OptimalG
     if best is None:  # a fixed co-located mode too slow for its SLO: the policy runs it anyway
         best = new_group_options(job, cluster, allowed_modes(job, config))[0]
     return OptimalGroup(jobs=(job.name,), rollout_nodes=best.rollout_nodes, train_nodes=best.train_nodes,
-                        pinning={job.name: tuple(range(best.rollout_nodes))}, usd_per_h=best.usd_per_h)
+                        pinning={job.name: tuple(range(best.rollout_nodes))},
+                        train_pinning={job.name: tuple(range(best.train_nodes))}, usd_per_h=best.usd_per_h)
 
 
 def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = None,

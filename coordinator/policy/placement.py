@@ -36,7 +36,7 @@ from rollmux.coordinator.policy.api import (
     RejectReason,
     Strategy,
 )
-from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.intra_group import cycle_time, member_periods
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.core.model import ClusterSpec, Deployment, JobSpec, Pool
 
@@ -49,14 +49,23 @@ class Candidate:
     existing_nodes: tuple[str, ...]  # existing rollout nodes to pin to
     new_nodes: int  # rollout nodes to add
     deployment: Deployment = Deployment.DISAGGREGATED
+    new_train_nodes: int = 0  # training nodes the job brings (train scaling); it trains on them only
 
     @property
     def strategy(self) -> Strategy:
+        if self.new_train_nodes:
+            return Strategy.TRAIN_SCALING
         return Strategy.DIRECT_PACKING if self.new_nodes == 0 else Strategy.ROLLOUT_SCALING
+
+    def delta_usd_per_h(self, cluster: ClusterSpec) -> float:
+        """$/h the candidate adds: its new rollout and training nodes."""
+        return (self.new_nodes * cluster.node_usd_per_h(Pool.ROLLOUT)
+                + self.new_train_nodes * cluster.node_usd_per_h(self.group.train_pool))
 
     def member(self, job: JobSpec, profile: PhaseProfile | None = None) -> Member:
         new_ids = tuple(f"<new{i}>" for i in range(self.new_nodes))
-        return self.group.make_member(job, self.existing_nodes + new_ids, self.deployment, profile)
+        trains = tuple(f"<new-train{i}>" for i in range(self.new_train_nodes)) or None
+        return self.group.make_member(job, self.existing_nodes + new_ids, self.deployment, profile, trains)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,27 +135,45 @@ def group_prune_reason(group: GroupState, job: JobSpec, config: PolicyConfig,
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.TRAIN_POOL,
                          message=f"group runs on the {group.train_pool.value} pool; job allows "
                                  f"{', '.join(m.value for m in allowed)}")
-    if job.n_train_gpus > group.train_gpus:
+    scales = train_scales(group, job, config, allowed)
+    if job.n_train_gpus > group.train_gpus and not scales:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.TRAIN_POOL,
                          message=f"job needs {job.n_train_gpus} training GPUs, group has {group.train_gpus}")
     assert job.train_state_bytes is not None
-    if group.train_dram_used_bytes + job.train_state_bytes >= group.train_dram_bytes:
+    if group.least_train_dram_used_bytes + job.train_state_bytes >= group.train_dram_bytes and not scales:
         return Rejection(group_id=gid, strategy=None, reason=RejectReason.HOST_DRAM,
                          message=f"memory on training nodes {','.join(group.train_nodes)}: "
-                                 f"{(group.train_dram_used_bytes + job.train_state_bytes) / 1e9:.1f} GB "
+                                 f"{(group.least_train_dram_used_bytes + job.train_state_bytes) / 1e9:.1f} GB "
                                  f">= {group.train_dram_bytes / 1e9:.1f} GB")
+    if job.n_train_gpus > group.train_gpus:
+        return None  # only train scaling can take it: its own nodes, no bound from the pool's shape
     return slo_bound_rejection(group, job, config, allowed, profile, cache)
+
+
+def train_scales(group: GroupState, job: JobSpec, config: PolicyConfig,
+                 allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,)) -> bool:
+    """Train scaling may place `job` in `group`: on, a job that is not elastic, disaggregated, a
+    group on the training pool."""
+    return (config.train_scaling and not job.elastic and Deployment.DISAGGREGATED in allowed
+            and group.allows(Deployment.DISAGGREGATED))
 
 
 def _mode_lower_bound(group: GroupState, member: Member) -> float:
     """No placement of `member` in `group` has a period below this (shared loads)."""
-    return _bound(group, (member.t_roll_s + member.t_train_in_group_s, member.train_pool_load_s))
+    return _bound(group, (member.t_roll_s + member.t_train_in_group_s, member.train_pool_load_s),
+                  group.train_load_on_s(member.train_nodes))
 
 
-def _bound(group: GroupState, loads: tuple[float, float]) -> float:
-    """The lower bound from a member's (own cycle, training-pool load) in `group`."""
+def _bound(group: GroupState, loads: tuple[float, float], train_base_s: float | None = None) -> float:
+    """The lower bound from a member's (own cycle, training-node load) in `group`, the member's
+    training nodes already carrying `train_base_s` (default: the least any training node carries).
+
+    The group's T_cycle and busiest rollout node bound the period of the members they belong to,
+    which may share no node with the newcomer: kept in the bound all the same (conservative), since
+    a member that spans every training node, as the largest usually does, couples all of them."""
     cycle, pool = loads
-    return max(group.t_cycle_s, cycle, group.train_load_s + pool, group.max_node_load_s)
+    base = min(group.train_node_load_s.values(), default=0.0) if train_base_s is None else train_base_s
+    return max(group.t_cycle_s, cycle, base + pool, group.max_node_load_s)
 
 
 _LoadCache = dict[tuple[object, int, Deployment], tuple[float, float]]
@@ -174,7 +201,8 @@ def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
     Every member of a group shares one period, which is at least each of those loads; if that
     bound already exceeds the tightest SLO budget in every allowed mode, nothing needs simulating.
     """
-    lower = min(_bound(group, _member_loads(group, job, m, profile, cache)) for m in allowed if group.allows(m))
+    base = 0.0 if train_scales(group, job, config, allowed) else None  # its own new training nodes carry nothing yet
+    lower = min(_bound(group, _member_loads(group, job, m, profile, cache), base) for m in allowed if group.allows(m))
     job_budget = job.slo * (profile.t_solo_s if profile else job.t_solo_s)
     budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
     if lower <= budget * (1.0 + config.slo_tolerance):
@@ -186,8 +214,10 @@ def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
 
 
 def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec,
-               allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,)) -> tuple[list[Candidate], Rejection | None]:
-    """Step 2: direct packing, co-location on the group's pool, then rollout scaling, cheapest first.
+               allowed: tuple[Deployment, ...] = (Deployment.DISAGGREGATED,),
+               train_scaling: bool = False) -> tuple[list[Candidate], Rejection | None]:
+    """Step 2: direct packing, co-location on the group's pool, then rollout scaling and (with
+    `train_scaling`, a job that is not elastic) train scaling, cheapest first.
 
     Existing nodes are taken least loaded first (by the T_roll already pinned there), among those
     whose host DRAM still has room for the job's rollout state.
@@ -203,6 +233,12 @@ def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec,
                        key=lambda n: (n.load_s, n.node_id))
         out = [Candidate(group=group, existing_nodes=tuple(n.node_id for n in roomy[: k - s]), new_nodes=s)
                for s in range(0, k + 1) if len(roomy) >= k - s]
+        if job.n_train_gpus > group.train_gpus:  # its own GPUs do not fit the pool: only its own new nodes
+            out = []
+        if train_scaling and not job.elastic and len(roomy) >= k and group.train_pool is Pool.TRAIN:
+            out.append(Candidate(group=group, existing_nodes=tuple(n.node_id for n in roomy[:k]), new_nodes=0,
+                                 new_train_nodes=cluster.nodes_for(job.n_train_gpus)))
+            out.sort(key=lambda c: c.delta_usd_per_h(cluster))  # stable: packing before the rest at a tie
         if len(roomy) < k:
             full = [n.node_id for n in group.rollout.values() if n not in roomy]
             memory_note = Rejection(group_id=group.group_id, strategy=Strategy.DIRECT_PACKING,
@@ -211,7 +247,7 @@ def candidates(group: GroupState, job: JobSpec, cluster: ClusterSpec,
                                             f"{len(group.rollout)} rollout nodes have room, job needs {k}")
     if (colocated in allowed and modes.training_fits(job, cluster, group.train_pool, group.train_gpus)
             and group.train_dram_used_bytes + job.train_state_bytes + job.rollout_state_bytes < group.train_dram_bytes):
-        at = 1 if out and out[0].new_nodes == 0 else 0  # after direct packing: same +$0/h, less pool load
+        at = 1 if out and out[0].strategy is Strategy.DIRECT_PACKING else 0  # after it: same +$0/h, less pool load
         out.insert(at, Candidate(group=group, existing_nodes=(), new_nodes=0, deployment=colocated))
     return out, memory_note
 
@@ -221,6 +257,12 @@ def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig,
     """Step 3: simulate the intra-group schedule with the job added; reject on any SLO breach."""
     group = cand.group
     member = cand.member(job, profile)
+    state_bytes = (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
+    if group.train_dram_on(member.train_nodes) + state_bytes >= group.train_dram_bytes:
+        return None, Rejection(group_id=group.group_id, strategy=cand.strategy, reason=RejectReason.HOST_DRAM,
+                               message=f"memory on training node(s) {','.join(member.train_nodes)}: "
+                                       f"{(group.train_dram_on(member.train_nodes) + state_bytes) / 1e9:.1f} GB "
+                                       f">= {group.train_dram_bytes / 1e9:.1f} GB")
     # Cheap necessary condition first: every member's period is at least max(T_cycle', T_load').
     node_loads = [group.rollout[n].load_s + member.t_roll_s for n in cand.existing_nodes]
     lower = max([_mode_lower_bound(group, member), *node_loads])
@@ -229,8 +271,7 @@ def slo_check(cand: Candidate, job: JobSpec, config: PolicyConfig,
     if lower > budget * tol:
         return None, _slo_rejection(cand, job, {n: lower for n in [*group.members, job.name]})
     timings = group.timings() + [member.timing()]
-    period = cycle_time(timings)  # exact steady state of the round-robin schedule
-    periods = {t.name: period for t in timings}
+    periods = member_periods(timings)  # exact steady state of the round-robin schedule
     # Co-execution: per-iteration times vary, so the realised period runs above the fixed-time one:
     # every member keeps a margin below its budget (`coexec_margin`), a wider one in a group of
     # BIG_GROUP or more members (`coexec_margin_big`), where more phases contend for each node.
@@ -265,9 +306,9 @@ def join_costs_more_per_work(group: GroupState, name: str, t_ref_s: float, delta
     group's nodes longer for the same iterations. Work is counted in solo-seconds per second
     (sum of T_solo / period); `t_ref_s` is the job's T_solo in the units its `periods` entry uses.
     """
-    before = cycle_time(group.timings())
-    rate = sum(m.profile.t_solo_s for m in group.members.values()) / before if before > 0 else 0.0
-    rate_join = sum(m.profile.t_solo_s / periods.get(n, before) for n, m in group.members.items()) + t_ref_s / periods[name]
+    before = member_periods(group.timings())
+    rate = sum(m.profile.t_solo_s / before[n] for n, m in group.members.items() if before[n] > 0)
+    rate_join = sum(m.profile.t_solo_s / periods.get(n, before[n]) for n, m in group.members.items()) + t_ref_s / periods[name]
     rate_lone = rate + t_ref_s / lone_period_s
     join = (group.usd_per_h + delta_usd_per_h) / rate_join
     lone = (group.usd_per_h + lone_usd_per_h) / rate_lone
@@ -275,7 +316,17 @@ def join_costs_more_per_work(group: GroupState, name: str, t_ref_s: float, delta
         return None
     return Rejection(group_id=group.group_id, strategy=None, reason=RejectReason.OCCUPANCY,
                      message=f"joining costs ${join:,.2f} per hour of solo work, alone ${lone:,.2f} "
-                             f"(the group's period goes {before:.0f} -> {max(periods.values()):.0f} s)")
+                             f"(the group's period goes {max(before.values(), default=0.0):.0f} -> {max(periods.values()):.0f} s)")
+
+
+def join_decision(job: JobSpec, cand: Candidate, delta_usd_per_h: float, periods: dict[str, float],
+                  rejections: tuple[Rejection, ...], reason: str) -> PlacementDecision:
+    """The decision placing `job` by `cand` into its group."""
+    return PlacementDecision(
+        job=job.name, strategy=cand.strategy, group_id=cand.group.group_id, rollout_nodes=cand.existing_nodes,
+        new_rollout_nodes=cand.new_nodes, new_train_nodes=cand.new_train_nodes, delta_usd_per_h=delta_usd_per_h,
+        t_coexec_s=periods, rejections=rejections, deployment=cand.deployment, train_pool=cand.group.train_pool,
+        reason=reason)
 
 
 class PhaseLearnerLike(Protocol):
@@ -342,12 +393,9 @@ class RollMuxPolicy:
                 best = None
         if best is not None and (fresh is None or best[0] <= fresh.usd_per_h):
             delta, cand, periods = best
-            return PlacementDecision(
-                job=job.name, strategy=cand.strategy, group_id=cand.group.group_id,
-                rollout_nodes=cand.existing_nodes, new_rollout_nodes=cand.new_nodes, new_train_nodes=0,
-                delta_usd_per_h=delta, t_coexec_s=periods, rejections=tuple(rejections), deployment=cand.deployment,
-                reason=f"cheapest feasible: {cand.deployment.value} in {cand.group.group_id} at +${delta:,.2f}/h"
-                       + (f" vs {reason}" if reason else ""))
+            return join_decision(job, cand, delta, periods, tuple(rejections),
+                                 reason=f"cheapest feasible: {cand.deployment.value} in {cand.group.group_id} at "
+                                        f"+${delta:,.2f}/h" + (f" vs {reason}" if reason else ""))
         assert fresh is not None
         return self._isolated(job, fresh, profile, yardstick, tuple(rejections),
                               reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
@@ -360,17 +408,15 @@ class RollMuxPolicy:
         allowed = allowed_modes(job, self.config)
         if group_prune_reason(group, job, self.config, allowed, profile) is not None:
             return []
-        cands, _ = candidates(group, job, group._cluster, allowed)  # noqa: SLF001 (the group's own price table)
+        cluster = group._cluster  # noqa: SLF001 (the group's own price table)
+        cands, _ = candidates(group, job, cluster, allowed, train_scales(group, job, self.config, allowed))
         out = []
         for cand in cands:
             periods, rejected = slo_check(cand, job, self.config, profile)
             if rejected is None and periods is not None:
-                delta = cand.new_nodes * group._cluster.node_usd_per_h(Pool.ROLLOUT)  # noqa: SLF001
-                out.append(PlacementDecision(
-                    job=job.name, strategy=cand.strategy, group_id=group.group_id, rollout_nodes=cand.existing_nodes,
-                    new_rollout_nodes=cand.new_nodes, new_train_nodes=0, delta_usd_per_h=delta, t_coexec_s=periods,
-                    deployment=cand.deployment,
-                    reason=f"{cand.deployment.value} in {group.group_id} at +${delta:,.2f}/h"))
+                delta = cand.delta_usd_per_h(cluster)
+                out.append(join_decision(job, cand, delta, periods, (),
+                                         reason=f"{cand.deployment.value} in {group.group_id} at +${delta:,.2f}/h"))
         return out
 
     def alone_options(self, job: JobSpec, cluster: ClusterSpec) -> list[PlacementDecision]:
@@ -412,7 +458,6 @@ class RollMuxPolicy:
                    rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:
         """Steps 1-3 over the existing groups: the cheapest feasible join, ties to the earlier group."""
         cluster = state.cluster
-        node_price = cluster.node_usd_per_h(Pool.ROLLOUT)
         if self.config.fill_saturated:
             groups = list(state.groups.values())
         else:  # Algorithm 1, line 4; the state keeps this index, so no per-group work here
@@ -436,11 +481,11 @@ class RollMuxPolicy:
             if pruned is not None:
                 rejections.append(pruned)
                 continue
-            cands, memory_note = candidates(group, job, cluster, allowed)
+            cands, memory_note = candidates(group, job, cluster, allowed, train_scales(group, job, self.config, allowed))
             if memory_note is not None:
                 rejections.append(memory_note)
             for cand in cands:
-                delta = cand.new_nodes * node_price
+                delta = cand.delta_usd_per_h(cluster)
                 if best is not None and delta >= best[0]:
                     break  # cheaper-first order: nothing further in this group can win
                 periods, rejected = slo_check(cand, job, self.config, profile)

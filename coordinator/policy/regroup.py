@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
-from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.intra_group import member_periods
 from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.core.model import GB, Deployment, JobSpec, Pool
@@ -57,12 +57,15 @@ def relocation_s(job: JobSpec, config: PolicyConfig) -> float:
 
 
 def freed_usd_per_h(group: GroupState, name: str) -> float:
-    """$/h released if member `name` leaves `group` (its exclusive rollout nodes, or the whole group)."""
+    """$/h released if member `name` leaves `group` (its exclusive rollout and training nodes, or the
+    whole group; `GroupState.remove_member` releases the same)."""
     if len(group.members) == 1:
         return group.usd_per_h
     c = group._cluster  # noqa: SLF001  (same package: the group's own price table)
     alone = sum(1 for n in group.members[name].rollout_nodes if group.rollout[n].jobs == [name])
-    return alone * c.node_usd_per_h(Pool.ROLLOUT)
+    others = {n for other, m in group.members.items() if other != name for n in m.train_nodes}
+    train_alone = sum(1 for n in group.train_nodes if n not in others)
+    return alone * c.node_usd_per_h(Pool.ROLLOUT) + train_alone * c.node_usd_per_h(group.train_pool)
 
 
 def move_cap(state: ClusterState, config: PolicyConfig, name: str) -> int:
@@ -106,8 +109,8 @@ def work_rate(group: GroupState, without: str | None = None) -> float:
     members = [m for n, m in group.members.items() if n != without]
     if not members:
         return 0.0
-    period = cycle_time([m.timing() for m in members])
-    return sum(m.profile.t_solo_s for m in members) / period if period > 0 else 0.0
+    periods = member_periods([m.timing() for m in members])
+    return sum(m.profile.t_solo_s / periods[m.spec.name] for m in members if periods[m.spec.name] > 0)
 
 
 def _rate_in(decision: PlacementDecision, state: ClusterState, job: JobSpec) -> tuple[float, float]:
@@ -335,7 +338,8 @@ def _pool_may_pay(pa: PhaseProfile, a: JobSpec, pb: PhaseProfile, b: JobSpec, ro
     t_nodes = c.nodes_for(a.n_train_gpus) + c.nodes_for(b.n_train_gpus)
     gpus = t_nodes * c.gpus_per_node
     t_a, t_b = pa.t_train_s * modes.train_stretch(a, gpus), pb.t_train_s * modes.train_stretch(b, gpus)
-    lower = max(t_a + t_b, pa.t_roll_s + t_a, pb.t_roll_s + t_b)
+    serial = a.elastic or b.elastic  # an elastic Train holds every pooled node; fixed ones run side by side
+    lower = max(t_a + t_b if serial else 0.0, pa.t_roll_s + t_a, pb.t_roll_s + t_b)
     usd = (t_nodes * c.node_usd_per_h(Pool.TRAIN)
            + max(c.nodes_for(a.n_rollout_gpus), c.nodes_for(b.n_rollout_gpus)) * c.node_usd_per_h(Pool.ROLLOUT))
     return usd * lower < round_usd and lower <= min(a.slo * pa.t_solo_s, b.slo * pb.t_solo_s) * (1 + 1e-9)
@@ -345,9 +349,11 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     """`name` alone in `gid` and another lone job: one disaggregated group on both jobs' training nodes?
 
     The pair keeps every training node the two lone groups had (none is bought) and shares one set
-    of rollout nodes (the larger job's shape; the second job direct-packs or scales them). Each
+    of rollout nodes (the larger job's shape; the second job direct-packs or scales them). An elastic
     member's Train stretches over the pooled nodes, so the pool runs both Trains back to back
-    while their Rollouts run on the cheap rollout pool: $/h goes up, the work done per $ more.
+    while their Rollouts run on the cheap rollout pool: $/h goes up, the work done per $ more. Jobs
+    with a fixed world size each train on their own nodes of the pool, side by side (per-node
+    queues), and share the rollout nodes: the pair saves the second job's rollout nodes.
     Taken when the $ it saves over the pair's remaining run (the survivor going back to a lone
     group of its old price once the shorter job ends) is `regroup_payback` times the group's $ for
     the downtime, and the downtime fits each job's SLO slack, as for the other moves.
@@ -359,7 +365,7 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     a_member = group.members[name]
     a = a_member.spec
     n_a = remaining(name) / a.t_solo_s  # iterations left
-    if n_a <= 0 or not a.elastic or Deployment.DISAGGREGATED not in _allowed(a, config):
+    if n_a <= 0 or Deployment.DISAGGREGATED not in _allowed(a, config):
         return None
     p_a = a_member.t_roll_s + a_member.t_train_in_group_s
     best: tuple[float, list[Move]] | None = None
@@ -367,7 +373,7 @@ def _pool_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
     for other, b_name, b_member in _lone_jobs(state, but=gid):
         b = b_member.spec
         n_b = remaining(b_name) / b.t_solo_s
-        if n_b <= 0 or not b.elastic or Deployment.DISAGGREGATED not in _allowed(b, config):
+        if n_b <= 0 or Deployment.DISAGGREGATED not in _allowed(b, config):
             continue
         p_b = b_member.t_roll_s + b_member.t_train_in_group_s  # a lone group runs at its member's own cycle
         if not _pool_may_pay(a_member.profile, a, b_member.profile, b, group.usd_per_h * p_a + other.usd_per_h * p_b,
@@ -460,8 +466,8 @@ def slo_risks(group: GroupState, config: PolicyConfig) -> list[str]:
     """Members whose predicted period (current profiles, learned where confident) nears their SLO, worst first."""
     if not group.members:
         return []
-    period = cycle_time(group.timings())
-    over = {n: period / m.budget_s for n, m in group.members.items() if period > m.budget_s * RISK_MARGIN}
+    periods = member_periods(group.timings())
+    over = {n: periods[n] / m.budget_s for n, m in group.members.items() if periods[n] > m.budget_s * RISK_MARGIN}
     return sorted(over, key=lambda n: -over[n])
 
 

@@ -89,14 +89,14 @@ class Member:
 
     def timing(self) -> MemberTiming:
         return MemberTiming(name=self.spec.name, t_roll_s=self.t_roll_s, t_train_s=self.t_train_in_group_s,
-                            rollout_nodes=self.rollout_nodes, rollout_on_train=self.colocated)
+                            rollout_nodes=self.rollout_nodes, rollout_on_train=self.colocated, train_nodes=self.train_nodes)
 
 
 class GroupState:
     """One co-execution group and its cached summaries."""
 
-    __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_dram_used_bytes",
-                 "rollout", "members", "train_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
+    __slots__ = ("group_id", "train_nodes", "train_gpus", "train_dram_bytes", "train_node_dram_used",
+                 "rollout", "members", "train_node_load_s", "t_cycle_s", "min_budget_s", "min_budget_job", "max_node_load_s",
                  "max_member_train_nodes", "train_pool", "train_unavailable", "_cluster")
 
     def __init__(self, group_id: str, cluster: ClusterSpec, train_nodes: tuple[str, ...],
@@ -107,10 +107,10 @@ class GroupState:
         self.train_nodes = train_nodes
         self.train_gpus = len(train_nodes) * cluster.gpus_per_node
         self.train_dram_bytes = train_dram_bytes  # capacity of the smallest training node
-        self.train_dram_used_bytes = 0
+        self.train_node_dram_used: dict[str, int] = dict.fromkeys(train_nodes, 0)  # resident state per training node, bytes
         self.rollout: dict[str, RolloutNodeState] = {}
         self.members: dict[str, Member] = {}
-        self.train_load_s = 0.0
+        self.train_node_load_s: dict[str, float] = dict.fromkeys(train_nodes, 0.0)  # Train (and co-located Rollout) s queued per node
         self.t_cycle_s = 0.0
         self.min_budget_s = float("inf")
         self.min_budget_job = ""  # the member whose SLO binds first
@@ -119,6 +119,39 @@ class GroupState:
         self.train_unavailable: set[str] = set()  # training nodes that cannot take work now
 
     # -- derived -------------------------------------------------------------------------------
+    @property
+    def train_load_s(self) -> float:
+        """The most work queued on one training node per meta-iteration, s."""
+        return max(self.train_node_load_s.values(), default=0.0)
+
+    def train_load_on_s(self, nodes: Iterable[str]) -> float:
+        """The most work queued on one of `nodes` per meta-iteration, s (0 on a node new to the group)."""
+        return max((self.train_node_load_s.get(n, 0.0) for n in nodes), default=0.0)
+
+    @property
+    def train_dram_used_bytes(self) -> int:
+        """Resident state on the fullest training node, bytes."""
+        return max(self.train_node_dram_used.values(), default=0)
+
+    @property
+    def least_train_dram_used_bytes(self) -> int:
+        """Resident state on the emptiest training node, bytes (a newcomer needs at least this)."""
+        return min(self.train_node_dram_used.values(), default=0)
+
+    def train_dram_on(self, nodes: Iterable[str]) -> int:
+        """Resident state on the fullest of `nodes`, bytes (0 on a node new to the group)."""
+        return max((self.train_node_dram_used.get(n, 0) for n in nodes), default=0)
+
+    def add_train_nodes(self, node_ids: Iterable[str]) -> None:
+        """Grow the training pool by nodes a joining member brings (train scaling)."""
+        for n in node_ids:
+            if n in self.train_node_load_s:
+                raise PolicyError(f"training node {n} is already in group {self.group_id}")
+            self.train_nodes += (n,)
+            self.train_node_load_s[n] = 0.0
+            self.train_node_dram_used[n] = 0
+        self.train_gpus = len(self.train_nodes) * self._cluster.gpus_per_node
+
     @property
     def t_load_s(self) -> float:
         return max(self.train_load_s, self.max_node_load_s)
@@ -149,10 +182,16 @@ class GroupState:
         return job.t_train_s * modes.train_factor(job, self._cluster, self.train_pool, world)
 
     def own_train_nodes(self, job: JobSpec, deployment: Deployment) -> tuple[str, ...]:
-        """The training nodes `job` runs on here (its permits name these): all when elastic, else the
-        first whole nodes of the pool that hold its own GPUs (a fixed world size)."""
-        world = modes.world_gpus(job, self._cluster, deployment, self.train_gpus)
-        return self.train_nodes[: self._cluster.nodes_for(world)]
+        """The training nodes `job` runs on here (its permits name these): all when elastic, else as
+        many whole nodes as hold its own GPUs (a fixed world size), the least loaded ones (ties to the
+        pool's order), in the pool's order. Why least loaded: training nodes are per-node queues, so a
+        job on nodes the other members leave idle trains while they do."""
+        k = self._cluster.nodes_for(modes.world_gpus(job, self._cluster, deployment, self.train_gpus))
+        if k >= len(self.train_nodes):
+            return self.train_nodes
+        pos = {n: i for i, n in enumerate(self.train_nodes)}
+        chosen = sorted(self.train_nodes, key=lambda n: (self.train_node_load_s[n], pos[n]))[:k]
+        return tuple(sorted(chosen, key=pos.__getitem__))
 
     def allows(self, deployment: Deployment) -> bool:
         """Disaggregated members need a training-pool group; co-located ones run on the group's own pool."""
@@ -161,14 +200,15 @@ class GroupState:
         return modes.pool_of(deployment) is self.train_pool
 
     def make_member(self, job: JobSpec, rollout_nodes: tuple[str, ...], deployment: Deployment,
-                    profile: PhaseProfile | None = None) -> Member:
-        """`job` as a member of this group in `deployment` (not added)."""
+                    profile: PhaseProfile | None = None, train_nodes: tuple[str, ...] | None = None) -> Member:
+        """`job` as a member of this group in `deployment` (not added), on `train_nodes` (default:
+        `own_train_nodes`)."""
         c, pool = self._cluster, self.train_pool
         gpus = modes.world_gpus(job, c, deployment, self.train_gpus)
         colocated = deployment is not Deployment.DISAGGREGATED
         sw_r, sw_t = modes.switch_s(job, c) if colocated else (0.0, 0.0)
         return Member(spec=job, rollout_nodes=() if colocated else rollout_nodes, deployment=deployment,
-                      train_nodes=self.own_train_nodes(job, deployment),
+                      train_nodes=train_nodes if train_nodes is not None else self.own_train_nodes(job, deployment),
                       roll_factor=modes.roll_factor(job, c, pool, gpus) if colocated else 1.0,
                       train_factor=modes.train_factor(job, c, pool, gpus), switch_roll_s=sw_r, switch_train_s=sw_t,
                       profile=profile or PhaseProfile.planned(job))
@@ -180,11 +220,16 @@ class GroupState:
         self.rollout[node_id] = RolloutNodeState(node_id=node_id, host_dram_bytes=host_dram_bytes)
 
     def add_member(self, job: JobSpec, rollout_nodes: tuple[str, ...],
-                   deployment: Deployment = Deployment.DISAGGREGATED, profile: PhaseProfile | None = None) -> Member:
+                   deployment: Deployment = Deployment.DISAGGREGATED, profile: PhaseProfile | None = None,
+                   train_nodes: tuple[str, ...] | None = None) -> Member:
         if not self.allows(deployment):
             raise PolicyError(f"group {self.group_id} on the {self.train_pool.value} pool cannot hold "
                               f"{job.name} {deployment.value}")
-        member = self.make_member(job, rollout_nodes, deployment, profile)
+        unknown = [n for n in train_nodes or () if n not in self.train_node_load_s]
+        if unknown:
+            raise PolicyError(f"{job.name} cannot train on node(s) {','.join(unknown)}: not training nodes of "
+                              f"{self.group_id} ({','.join(self.train_nodes)})")
+        member = self.make_member(job, rollout_nodes, deployment, profile, train_nodes)
         self.members[job.name] = member
         self._add_loads(member)
         return member
@@ -198,8 +243,10 @@ class GroupState:
             node.load_s += member.t_roll_s
             node.dram_used_bytes += job.rollout_state_bytes
             self.max_node_load_s = max(self.max_node_load_s, node.load_s)
-        self.train_dram_used_bytes += job.train_state_bytes + (job.rollout_state_bytes if member.colocated else 0)
-        self.train_load_s += member.train_pool_load_s
+        for n in member.train_nodes:
+            self.train_node_dram_used[n] += job.train_state_bytes + (job.rollout_state_bytes if member.colocated else 0)
+        for n in member.train_nodes:
+            self.train_node_load_s[n] += member.train_pool_load_s
         self.t_cycle_s = max(self.t_cycle_s, member.t_roll_s + member.t_train_in_group_s)
         if member.budget_s < self.min_budget_s:
             self.min_budget_s, self.min_budget_job = member.budget_s, job.name
@@ -217,8 +264,10 @@ class GroupState:
             if release and not node.jobs:
                 del self.rollout[n]
                 released.append(n)
-        self.train_dram_used_bytes -= (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
-        self.train_load_s -= member.train_pool_load_s
+        for n in member.train_nodes:
+            self.train_node_dram_used[n] -= (job.train_state_bytes or 0) + ((job.rollout_state_bytes or 0) if member.colocated else 0)
+        for n in member.train_nodes:
+            self.train_node_load_s[n] -= member.train_pool_load_s
         return released
 
     def _refresh_summaries(self) -> None:
@@ -231,8 +280,20 @@ class GroupState:
         self.max_member_train_nodes = max((self._cluster.nodes_for(m.spec.n_train_gpus) for m in ms), default=0)
 
     def remove_member(self, name: str) -> list[str]:
-        """Remove a member; returns the rollout nodes left empty (released)."""
+        """Remove a member; returns the nodes left empty (released): rollout nodes no member is pinned
+        to, and, while members remain, training nodes none of them trains on (a fixed-world-size
+        member never uses them; an elastic one trains on all, so none is released under it)."""
         released = self._drop_loads(self.members.pop(name))
+        if self.members:
+            used = {n for m in self.members.values() for n in m.train_nodes}
+            idle = [n for n in self.train_nodes if n not in used]
+            if idle:
+                self.train_nodes = tuple(n for n in self.train_nodes if n in used)
+                self.train_gpus = len(self.train_nodes) * self._cluster.gpus_per_node
+                for n in idle:
+                    del self.train_node_load_s[n], self.train_node_dram_used[n]
+                    self.train_unavailable.discard(n)
+                released += idle
         self._refresh_summaries()
         return released
 
@@ -366,7 +427,13 @@ class ClusterState:
         new_ids = alloc(Pool.ROLLOUT, decision.new_rollout_nodes) if decision.new_rollout_nodes else []
         for n in new_ids:
             self._add_rollout_node(group, n)
-        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids), decision.deployment)
+        trains = None
+        if decision.strategy is Strategy.TRAIN_SCALING:  # the job brings its own training nodes and trains there
+            trains = tuple(alloc(group.train_pool, decision.new_train_nodes))
+            group.add_train_nodes(trains)
+            group.train_dram_bytes = self._train_dram(group.train_nodes)
+            group.train_unavailable |= {n for n in trains if n in self.unavailable}
+        group.add_member(job, tuple(decision.rollout_nodes) + tuple(new_ids), decision.deployment, train_nodes=trains)
         group.check_invariants()
         self.job_group[job.name] = group.group_id
         self.node_group.update(dict.fromkeys([*group.train_nodes, *group.rollout], group.group_id))
@@ -374,12 +441,14 @@ class ClusterState:
         return group
 
     def restore_group(self, group_id: str, train_nodes: tuple[str, ...], rollout_nodes: tuple[str, ...],
-                      members: Iterable[tuple[JobSpec, tuple[str, ...]] | tuple[JobSpec, tuple[str, ...], Deployment]],
+                      members: Iterable[tuple[JobSpec, tuple[str, ...]] | tuple[JobSpec, tuple[str, ...], Deployment]
+                                        | tuple[JobSpec, tuple[str, ...], Deployment, tuple[str, ...]]],
                       train_pool: Pool = Pool.TRAIN) -> GroupState:
         """Rebuild a group from durable records (coordinator restart), keeping indexes and ids consistent.
 
         Members come in round-robin order with their pinned rollout nodes (and their deployment
-        mode; disaggregated when left out). New group ids continue after the highest restored
+        mode, disaggregated when left out; and the training nodes they train on, chosen again by
+        `GroupState.own_train_nodes` in member order when left out or empty). New group ids continue after the highest restored
         numeric id, so a restored cluster never reuses an id.
         """
         if group_id in self.groups:
@@ -387,8 +456,11 @@ class ClusterState:
         group = self._new_group(group_id, tuple(train_nodes), train_pool)
         for n in rollout_nodes:
             self._add_rollout_node(group, n)
-        for spec, pinned, *mode in members:
-            group.add_member(spec, tuple(pinned), mode[0] if mode else Deployment.DISAGGREGATED)
+        for spec, pinned, *rest in members:
+            mode = rest[0] if rest else Deployment.DISAGGREGATED
+            trains = tuple(rest[1]) if len(rest) > 1 and rest[1] else None
+            assert isinstance(mode, Deployment)
+            group.add_member(spec, tuple(pinned), mode, train_nodes=trains)
             self.job_group[spec.name] = group_id
         group.check_invariants()
         self.groups[group_id] = group

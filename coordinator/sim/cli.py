@@ -83,6 +83,9 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     parser.add_argument("--coexec-margin-big", type=float, default=PolicyConfig().coexec_margin_big, metavar="M",
                         help="RollMux: the margin for a join that makes a group of 4 or more members "
                              "(set it to --coexec-margin for one margin) [default: %(default)s]")
+    parser.add_argument("--train-scaling", action="store_true",
+                        help="RollMux: a job may join a group's rollout nodes bringing its own training nodes "
+                             "(off by default: measured costlier, docs/design/policy.md)")
 
 
 def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
@@ -94,7 +97,7 @@ def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
                         coexec_margin_big=getattr(args, "coexec_margin_big", PolicyConfig().coexec_margin_big),
                         max_moves_per_job=getattr(args, "max_moves", PolicyConfig().max_moves_per_job),
                         learn_min_samples=getattr(args, "learn_min_samples", PolicyConfig().learn_min_samples),
-                        **on)
+                        train_scaling=getattr(args, "train_scaling", False), **on)
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:

@@ -35,7 +35,6 @@ from rollmux.coordinator.policy.admission import place_pending
 from rollmux.coordinator.policy.api import PlacementPolicy
 from rollmux.coordinator.policy.executor import run_schedule
 from rollmux.coordinator.policy.intra_group import (
-    TRAIN_POOL,
     MemberTiming,
     PhaseInterval,
     PhaseTimeFn,
@@ -74,7 +73,7 @@ class _Segment:
 
     start_s: float
     members: list[str]
-    train_gpus: int
+    colocated_jobs: frozenset[str]  # members whose Rollout runs on their training nodes
     train_pool: Pool  # where the group's training nodes are (co-located Rollouts run there too)
     by_job: dict[str, list[PhaseInterval]] = field(default_factory=dict)  # job -> [roll0, train0, roll1, ...]
 
@@ -218,11 +217,13 @@ class _Replay:
         needed = [self.trace[j].iterations - self.jobs[j].done_iters for j in members]
         n_iter = min(needed)
         timings = [MemberTiming(name=j, t_roll_s=0.0, t_train_s=0.0, rollout_nodes=group.members[j].rollout_nodes,
-                                rollout_on_train=group.members[j].colocated) for j in members]
+                                rollout_on_train=group.members[j].colocated, train_nodes=group.members[j].train_nodes)
+                   for j in members]
         phase_time, release = self._phase_time_fn(group, members)
         result = run_schedule(timings, iterations=n_iter, phase_time=phase_time, record=True,
                               rollout_release=release)
-        seg = _Segment(start_s=t, members=members, train_gpus=group.train_gpus, train_pool=group.train_pool,
+        seg = _Segment(start_s=t, members=members, train_pool=group.train_pool,
+                       colocated_jobs=frozenset(j for j in members if group.members[j].colocated),
                        by_job={j: [] for j in members})
         for iv in result.intervals:
             seg.by_job[iv.job].append(PhaseInterval(
@@ -324,8 +325,8 @@ class _Replay:
 
     def _account_busy(self, iv: PhaseInterval, t: float, seg: _Segment, gpn: int) -> None:
         """GPU-seconds the phase ran before `t`; a migrated tail only keeps its rule's share of its GPUs."""
-        if iv.phase is Phase.TRAIN or iv.nodes == (TRAIN_POOL,):  # a Train, or a co-located Rollout
-            self.busy[seg.train_pool.value] += (min(iv.end_s, t) - iv.start_s) * seg.train_gpus
+        if iv.phase is Phase.TRAIN or iv.job in seg.colocated_jobs:  # a Train, or a co-located Rollout: its training nodes
+            self.busy[seg.train_pool.value] += (min(iv.end_s, t) - iv.start_s) * len(iv.nodes) * gpn
             return
         gpus = len(iv.nodes) * gpn
         head_end = min(iv.end_s if iv.released_s is None else iv.released_s, t)

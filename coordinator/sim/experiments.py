@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementPolicy, PolicyConfig
 from rollmux.coordinator.policy.baselines import MostIdlePolicy, RandomPolicy
-from rollmux.coordinator.policy.intra_group import MemberTiming, cycle_time
+from rollmux.coordinator.policy.intra_group import MemberTiming, member_periods
 from rollmux.coordinator.policy.optimum import OptimalPartition, optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy, isolated_cost
 from rollmux.coordinator.policy.state import ClusterState
@@ -57,8 +57,7 @@ def _planned(state: ClusterState, config: PolicyConfig) -> tuple[float, float]:
     met = total = 0
     throughput = 0.0
     for group in state.groups.values():
-        period = cycle_time(group.timings())  # exact steady state; every member shares it
-        periods = dict.fromkeys(group.members, period)
+        periods = member_periods(group.timings())  # exact steady state of each member
         for name, member in group.members.items():
             total += 1
             met += periods[name] <= member.budget_s * (1 + config.slo_tolerance)
@@ -73,9 +72,9 @@ def _partition_throughput(partition: OptimalPartition, jobs: Sequence[JobSpec], 
         train_gpus = g.train_nodes * cluster.gpus_per_node
         members = [by_name[n] for n in g.jobs]
         timings = [MemberTiming(name=j.name, t_roll_s=j.t_roll_s, t_train_s=j.t_train_s * modes.train_stretch(j, train_gpus),  # type: ignore[arg-type, operator]
-                                rollout_nodes=g.pinning[j.name]) for j in members]
-        period = cycle_time(timings)
-        total += sum(j.t_solo_s / period for j in members)
+                                rollout_nodes=g.pinning[j.name], train_nodes=g.train_pinning[j.name]) for j in members]
+        periods = member_periods(timings)
+        total += sum(j.t_solo_s / periods[j.name] for j in members)
     return total
 
 

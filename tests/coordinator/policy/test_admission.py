@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
-from rollmux.coordinator.policy.admission import place_pending
+from rollmux.coordinator.policy.admission import LOOKAHEAD_PLACEMENTS, horizon, place_pending, placements_needed
 from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.core.model import Deployment
 from rollmux.testing.builders import make_job
@@ -78,3 +78,13 @@ def test_lookahead_on_nodes_named_like_its_own_new_ones() -> None:
     decision = place_pending(policy, pending[0], state, pending[1:])
     assert decision.group_id == "g0"
     assert set(state.node_group) == {"r0", "t0"}
+
+
+@pytest.mark.parametrize(("choices", "pending"), [(1, 8), (3, 7), (7, 8), (7, 2), (7, 1), (40, 8)],
+                         ids=["one-choice", "few-choices", "many-choices", "two-pending", "one-pending", "huge"])
+def test_the_lookahead_horizon_keeps_its_placements_within_the_cap(choices: int, pending: int) -> None:
+    n = horizon(choices, pending)
+    assert 1 <= n <= pending
+    assert n == 1 or placements_needed(choices, n) <= LOOKAHEAD_PLACEMENTS
+    # the longest horizon that fits: one more pending job would break the cap
+    assert n == pending or placements_needed(choices, n + 1) > LOOKAHEAD_PLACEMENTS

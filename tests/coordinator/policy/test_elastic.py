@@ -10,7 +10,8 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementDecision, Strategy
 from rollmux.coordinator.policy.grants import group_rings
 from rollmux.coordinator.policy.optimum import cheapest_group
-from rollmux.coordinator.policy.regroup import plan_moves
+from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.regroup import apply_moves, plan_moves
 from rollmux.core.model import ClusterSpec, Deployment
 from rollmux.testing.builders import make_job
 
@@ -41,7 +42,7 @@ def test_a_member_trains_on_its_own_nodes_unless_elastic(elastic: bool, train_s:
     assert all("big" in rings[n].order for n in group.train_nodes)
 
 
-def test_pool_merges_are_for_elastic_jobs_only() -> None:
+def test_a_pool_merge_trains_fixed_world_sizes_side_by_side_and_elastic_ones_over_the_pool() -> None:
     policy = RollMuxPolicy(PolicyConfig(modes=False, best_move=True))
     for elastic in (False, True):
         state = ClusterState()
@@ -49,18 +50,27 @@ def test_pool_merges_are_for_elastic_jobs_only() -> None:
             job = replace(make_job(name, roll=40, train=160, slo=1.5), elastic=elastic)
             state.apply(job, policy.place(job, state))
         moves = plan_moves(state, policy, ["b"], lambda _: 1e7)
-        pooled = any("pool their training nodes" in m.reason for m in moves)
-        assert pooled is elastic
+        assert any("pool their training nodes" in m.reason for m in moves)
+        apply_moves(state, moves)
+        (group,) = state.groups.values()
+        a, b = group.members["a"].train_nodes, group.members["b"].train_nodes
+        assert len(group.train_nodes) == 2 and len(group.rollout) == 1  # one rollout node saved
+        if elastic:  # each Train stretched over both nodes, back to back
+            assert a == b == group.train_nodes
+        else:  # each on its own node, side by side: both keep their solo period
+            assert not set(a) & set(b)
+            assert cycle_time(group.timings()) == pytest.approx(200.0)
 
 
 def test_the_optimum_prices_members_at_their_own_speed() -> None:
     cluster = ClusterSpec()
     big = make_job("big", roll=100, train=100, n_r=16, n_t=16, slo=2.0)
     small = make_job("small", roll=60, train=240, slo=1.1)
-    # Fixed world size: the pool carries 100 + 240 s of Train per round > 1.1 x 300 s for small.
+    # Fixed world size: big's two nodes carry 100 + 240 s of Train per round > 1.1 x 300 s for small.
     assert cheapest_group([big, small], cluster, PolicyConfig()) is None
-    # Elastic: small's Train stretches to 120 s on both nodes, and the pair fits.
-    assert cheapest_group([big, replace(small, elastic=True)], cluster, PolicyConfig()) is not None
+    # Elastic: small's Train stretches to 120 s on both nodes, and the pair fits on big's two.
+    elastic = cheapest_group([big, replace(small, elastic=True)], cluster, PolicyConfig())
+    assert elastic is not None and elastic.train_nodes == 2
 
 
 def test_the_deployment_of_a_new_group_is_unchanged_by_elasticity() -> None:

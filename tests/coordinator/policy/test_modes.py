@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import RejectReason
-from rollmux.coordinator.policy.intra_group import TRAIN_POOL, cycle_time, simulate_round_robin
+from rollmux.coordinator.policy.intra_group import cycle_time, simulate_round_robin
 from rollmux.coordinator.policy.learning import PhaseLearner
 from rollmux.coordinator.policy.modes import colocated_solo_s
 from rollmux.coordinator.policy.placement import new_group_options
@@ -126,7 +126,7 @@ def test_regrouped_schedules_keep_mutual_exclusion_on_policy_order_and_one_group
         spans: dict[object, list[tuple[float, float]]] = {}
         last_end: dict[str, float] = {}
         for iv in sorted(res.intervals, key=lambda i: (i.start_s, i.phase is Phase.TRAIN)):
-            for n in iv.nodes:  # a co-located Rollout holds the training pool like a Train
+            for n in iv.nodes:  # a co-located Rollout holds its training nodes like a Train
                 spans.setdefault(n, []).append((iv.start_s, iv.end_s))
             assert iv.start_s >= last_end.get(iv.job, 0.0) - 1e-9  # Rollout(i) -> Train(i) -> Rollout(i+1)
             last_end[iv.job] = iv.end_s
@@ -136,7 +136,8 @@ def test_regrouped_schedules_keep_mutual_exclusion_on_policy_order_and_one_group
         colocated = [m for m in g.members.values() if m.colocated]
         assert all(not m.rollout_nodes for m in colocated)
         if colocated:
-            assert any(iv.nodes == (TRAIN_POOL,) and iv.phase is Phase.ROLLOUT for iv in res.intervals)
+            assert any(iv.nodes == m.train_nodes and iv.phase is Phase.ROLLOUT and iv.job == m.spec.name
+                       for m in colocated for iv in res.intervals)
 
 
 def test_two_lone_jobs_are_merged_into_one_group_when_that_pays() -> None:
@@ -241,7 +242,8 @@ def test_co_located_members_run_through_the_grant_step_as_the_slo_check_assumes(
     assert key(run) == key(model)
     if not migrate:  # the exact period the SLO check uses is the steady state of that schedule
         long = simulate_round_robin(mixed, iterations=60)
-        starts = sorted(i.start_s for i in simulate_round_robin(mixed, iterations=60, record=True).intervals
+        # 200 iterations: a transient can outlast 40 (a shared rollout node, four members: 1019.65 s vs 1020 s)
+        starts = sorted(i.start_s for i in simulate_round_robin(mixed, iterations=200, record=True).intervals
                         if i.job == mixed[0].name and i.phase is Phase.ROLLOUT)
         assert (starts[-1] - starts[-21]) / 20 == pytest.approx(cycle_time(mixed), rel=1e-6)
         assert long.makespan_s > 0

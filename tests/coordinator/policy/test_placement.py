@@ -21,7 +21,8 @@ from rollmux.coordinator.policy.placement import isolated_cost
 from rollmux.core.model import TB, ClusterSpec, JobSpec
 from rollmux.testing.builders import make_job
 
-ALG1 = PolicyConfig(modes=False)  # the paper's Algorithm 1: every job a disaggregated member (test_modes.py has the rest)
+ALG1 = PolicyConfig(modes=False, train_scaling=False)  # the paper's Algorithm 1: every job a disaggregated member, the
+# training pool never grown by a join (test_modes.py has the modes, test_train_scaling below the rest)
 
 NODE_R = 8 * 1.85
 NODE_T = 8 * 5.28
@@ -185,3 +186,23 @@ def test_restored_groups_are_indexed_and_ids_continue() -> None:
     assert decision.group_id == "g0" and decision.strategy is Strategy.DIRECT_PACKING
     other = RollMuxPolicy(ALG1).place(make_job("C", roll=50, train=50, slo=1.0), restored)
     assert restored.apply(make_job("C", roll=50, train=50, slo=1.0), other).group_id == "g1"
+
+
+def test_train_scaling_shares_the_rollout_node_and_trains_beside_the_member() -> None:
+    # Train-heavy jobs too slow to queue on one training node (SLO 1.2), light enough to share a
+    # rollout node: B brings its own training node (+1 node) and saves a rollout node over a new group.
+    state, _ = place_all([make_job("A", roll=50, train=200, slo=1.2)])
+    b = make_job("B", roll=50, train=200, slo=1.2)
+    off = RollMuxPolicy(ALG1).place(b, state)
+    assert off.strategy is Strategy.ISOLATED and off.delta_usd_per_h == pytest.approx(NODE_R + NODE_T)
+    decision = RollMuxPolicy(PolicyConfig(modes=False, train_scaling=True)).place(b, state)
+    assert decision.strategy is Strategy.TRAIN_SCALING and decision.group_id == "g0", decision.explain()
+    assert decision.delta_usd_per_h == pytest.approx(NODE_T) and decision.new_train_nodes == 1
+    # Rollouts queue on the shared node (50 + 50 < 250), Trains run side by side: each keeps its solo 250 s.
+    assert decision.t_coexec_s == pytest.approx({"A": 250.0, "B": 250.0})
+    group = state.apply(b, decision)
+    assert len(group.train_nodes) == 2 and group.members["A"].train_nodes != group.members["B"].train_nodes
+    assert cycle_time(group.timings()) == pytest.approx(250.0)
+    b_train = group.members["B"].train_nodes
+    assert state.remove_job("B") == list(b_train)  # B's training node leaves with it, the shared rollout node stays
+    assert group.train_nodes == group.members["A"].train_nodes and state.usd_per_h == pytest.approx(NODE_R + NODE_T)

@@ -45,12 +45,11 @@ def _check_invariants(intervals, jobs) -> None:  # noqa: ANN001
     then runs on a few GPUs beside the next rollout, until `end_s`."""
     per_node = defaultdict(list)
     per_job = defaultdict(list)
-    for gid, ivs in intervals.items():
+    for ivs in intervals.values():
         for iv in ivs:
             if iv.end_s <= iv.start_s:
                 continue
-            on_train = iv.phase is Phase.TRAIN or iv.nodes == ("train",)  # a co-located Rollout holds the pool
-            for n in ((f"{gid}/train",) if on_train else iv.nodes):
+            for n in iv.nodes:  # a Train and a co-located Rollout name the training nodes they hold
                 per_node[n].append((iv.start_s, iv.end_s if iv.released_s is None else iv.released_s))
             per_job[iv.job].append(iv)
     for spans in per_node.values():
