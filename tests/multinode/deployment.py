@@ -47,9 +47,11 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float = 10.0) -> Iterator[Deployment]:
+def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float = 10.0,
+              ray_bin: str | None = None) -> Iterator[Deployment]:
     """Start everything (coordinator and sidecars first: a raylet's workers may attach at once), yield,
-    stop everything in reverse order."""
+    stop everything in reverse order. `ray_bin`: the ``ray`` of the venv the jobs run in (default: this
+    interpreter's)."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret = workdir / "secret"
     secret.write_text(SECRET)
@@ -82,7 +84,7 @@ def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float =
         ray = RayNodes(workdir / "ray", [RayNode(name=node, gpus=gpus, cpus=HEAD_CPUS if not gpus else WORKER_CPUS,
                                                  env={env.SIDECAR_SOCKET: sockets[node]})
                                          for node, _, gpus in NODES],
-                       env=raylet_env, ray_bin=str(Path(sys.executable).parent / "ray"))
+                       env=raylet_env, ray_bin=ray_bin or str(Path(sys.executable).parent / "ray"))
         stack.callback(ray.stop)
         ray.start()
         yield Deployment(dir=workdir, ray=ray, coordinator=coordinator, sockets=sockets, node_events=node_events,
