@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raynodes import RayNode, RayNodes
 
@@ -89,3 +90,15 @@ def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float =
         ray.start()
         yield Deployment(dir=workdir, ray=ray, coordinator=coordinator, sockets=sockets, node_events=node_events,
                          secret_file=secret)
+
+
+def cluster_jobs(dep: Deployment) -> list[Any]:
+    """The jobs the coordinator knows now (its cluster state, asked with the operator's token)."""
+    from rollmux.wire.auth import operator_token
+    from rollmux.wire.client import CoordinatorClient
+
+    client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
+    try:
+        return list(client.cluster_state().jobs)
+    finally:
+        client.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment import multinode
+from deployment import cluster_jobs, multinode
 from raynodes import LABEL
 from roll_nodes import RAY_BIN, raylet_env, start_job
 
@@ -61,7 +61,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         opt_in = {env.SIDECAR_SOCKET: dep.sockets["n0"], env.EVENT_LOG: str(root / "phases.jsonl"), env.JOB: JOB,
                   adapter_env.SLO: "5", adapter_env.PHASE_S: "3,2"}  # the driver runs on the head, n0
         out["mux"] = start_job("mux", root, address=dep.address, opt_in=opt_in).wait(600)
-        out["left"] = [j.job for j in _cluster_state(dep)]
+        out["left"] = [j.job for j in cluster_jobs(dep)]
         out["wall_s"] = {"solo": round(t1 - t0, 1), "mux": round(time.time() - t1, 1)}
     out["node_events"] = read_jsonl(dep.node_events)
     out["phases"] = read_jsonl(root / "phases.jsonl")
@@ -69,17 +69,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     yield out
     shutil.rmtree(root / "solo", ignore_errors=True)
     shutil.rmtree(root / "mux", ignore_errors=True)
-
-
-def _cluster_state(dep: Any) -> list[Any]:
-    from rollmux.wire.auth import operator_token
-    from rollmux.wire.client import CoordinatorClient
-
-    client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
-    try:
-        return list(client.cluster_state().jobs)
-    finally:
-        client.close()
 
 
 def job_events(runs: dict[str, Any], event: str) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment import multinode
+from deployment import cluster_jobs, multinode
 from verl_nodes import MultiNodeJob, raylet_env
 
 from rollmux.adapters.common import env as adapter_env
@@ -63,7 +63,7 @@ def runs(verl_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         opt_in = {env.SIDECAR_SOCKET: dep.sockets["n0"], env.EVENT_LOG: str(root / "phases.jsonl"), env.JOB: JOB,
                   adapter_env.SLO: "4", adapter_env.PHASE_S: "2,1"}  # the driver runs on the head, n0
         out["mux"] = _run(muxed, opt_in, harness_events)
-        out["left"] = [j.job for j in _cluster_state(dep)]
+        out["left"] = [j.job for j in cluster_jobs(dep)]
     out["node_events"] = read_jsonl(dep.node_events)
     out["phases"] = read_jsonl(root / "phases.jsonl")
     out["harness"] = read_jsonl(harness_events)
@@ -117,17 +117,6 @@ def rss_bytes(marker: Path, driver: int) -> int:
         except (OSError, ValueError):
             continue
     return total
-
-
-def _cluster_state(dep: Any) -> list[Any]:
-    from rollmux.wire.auth import operator_token
-    from rollmux.wire.client import CoordinatorClient
-
-    client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
-    try:
-        return list(client.cluster_state().jobs)
-    finally:
-        client.close()
 
 
 def _during(runs: dict[str, Any], which: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
