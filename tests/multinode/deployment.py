@@ -49,10 +49,11 @@ class Deployment:
 
 @contextlib.contextmanager
 def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float = 10.0,
-              ray_bin: str | None = None) -> Iterator[Deployment]:
+              ray_bin: str | None = None, head_cpus: int = HEAD_CPUS) -> Iterator[Deployment]:
     """Start everything (coordinator and sidecars first: a raylet's workers may attach at once), yield,
     stop everything in reverse order. `ray_bin`: the ``ray`` of the venv the jobs run in (default: this
-    interpreter's)."""
+    interpreter's); `head_cpus`: the head's logical CPUs (a ROLL driver pins its schedulers, no ranks, to
+    its own node)."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret = workdir / "secret"
     secret.write_text(SECRET)
@@ -82,7 +83,7 @@ def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float =
             sidecars.append(sc)
         for sc in sidecars:
             sc.wait_ready(120)
-        ray = RayNodes(workdir / "ray", [RayNode(name=node, gpus=gpus, cpus=HEAD_CPUS if not gpus else WORKER_CPUS,
+        ray = RayNodes(workdir / "ray", [RayNode(name=node, gpus=gpus, cpus=head_cpus if not gpus else WORKER_CPUS,
                                                  env={env.SIDECAR_SOCKET: sockets[node]})
                                          for node, _, gpus in NODES],
                        env=raylet_env, ray_bin=ray_bin or str(Path(sys.executable).parent / "ray"))

@@ -18,6 +18,9 @@ from tests.adapters.roll.testbed import HARNESS, ROLL_VENV, Job, launch
 
 RAY_BIN = str(ROLL_VENV / "bin" / "ray")
 NODES = 2
+HEAD_CPUS = 4
+"""The head's logical CPUs: ROLL pins its schedulers to the driver's node (NodeAffinity, not soft), and the
+driver runs on the head. They hold no GPU, so they are no ranks; the GPU workers go to n1 and n2."""
 PORT_BLOCK = "7"
 """``RMX_PORT_BLOCK`` of the cluster's workers (ports no single-node harness job of the same session takes
 at once: those count blocks from 0)."""
