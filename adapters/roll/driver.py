@@ -224,7 +224,7 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
         # a gate attaches on its own node's sidecar; a rollout socket the job names is a single-host layout's
         sockets={"rollout": rollout_socket if rollout_socket != socket_path() else None}, job=session.identity.job,
         token=session.identity.token, permit_timeout_s=float(timeout) if timeout else None,
-        deployment=session.identity.deployment,
+        deployment=session.identity.deployment, env_vars=job_env(identity),
         node_ids={"rollout": _node_of(getattr(instance, "actor_infer", None)),
                   "train": _node_of(getattr(instance, "actor_train", None))})
     return result

@@ -231,7 +231,8 @@ def by_gate(steps: list[Step], deployment: str) -> list[tuple[str, list[Step]]]:
 
 
 def start_gates(*, sockets: dict[str, str | None], job: str, token: str, node_ids: dict[str, str | None],
-                permit_timeout_s: float | None, deployment: str = "disaggregated") -> Gates:
+                permit_timeout_s: float | None, deployment: str = "disaggregated",
+                env_vars: dict[str, str] | None = None) -> Gates:
     """Start one gate actor per pool the job's phases run on (both pools when disaggregated, the one
     pool of a co-located job) on that pool's node, and wait until each is attached.
 
@@ -239,6 +240,8 @@ def start_gates(*, sockets: dict[str, str | None], job: str, token: str, node_id
         sockets: pool -> the sidecar socket path on that pool's node; None (or absent): the socket the
             platform names in the gate's own node's environment (a multi-node job's gate attaches there).
         node_ids: pool -> Ray node id of that pool's first ROLL worker (None: anywhere).
+        env_vars: the job's variables for the gates' processes (``registration.job_env``: its event log,
+            permit timeout), which a cluster the driver only connected to does not give them.
 
     Raises:
         The shim's SidecarUnreachableError / ShimConfigError (re-raised from the actor) when a
@@ -253,6 +256,8 @@ def start_gates(*, sockets: dict[str, str | None], job: str, token: str, node_id
     for rank, pool in enumerate(p for p in POOLS if p in used):
         node = node_ids.get(pool)
         opts: dict[str, Any] = {"name": gate_name(pool), "get_if_exists": False}
+        if env_vars:
+            opts["runtime_env"] = {"env_vars": dict(env_vars)}
         if node:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         actors[pool] = cls.options(**opts).remote(socket=sockets.get(pool), job=job, token=token, rank=rank,
