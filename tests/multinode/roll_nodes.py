@@ -26,10 +26,11 @@ PORT_BLOCK = "7"
 at once: those count blocks from 0)."""
 
 
-def raylet_env() -> dict[str, str]:
+def raylet_env(log_dir: Path) -> dict[str, str]:
     """The harness variables for every raylet (so for every ROLL worker): its stand-in patches, one fake GPU,
-    gloo on loopback, one port block."""
-    return {"PYTHONPATH": str(HARNESS), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+    gloo on loopback, one port block, ROLL's logs in `log_dir` (its default, ``./output/logs``, is relative to
+    the raylet's working directory)."""
+    return {"ROLL_LOG_DIR": str(log_dir), "PYTHONPATH": str(HARNESS), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
             "RAY_DEDUP_LOGS": "0", "RMX_FAKE_GPUS": "1", "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
             "RMX_PORT_BLOCK": PORT_BLOCK, **AUTH}
 

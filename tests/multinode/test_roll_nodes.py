@@ -53,7 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("mnroll")
     build_assets(root)
     out: dict[str, Any] = {"root": root}
-    with multinode(root / "dep", raylet_env=raylet_env(), ray_bin=RAY_BIN, head_cpus=HEAD_CPUS) as dep:
+    with multinode(root / "dep", raylet_env=raylet_env(root / "roll-logs"), ray_bin=RAY_BIN, head_cpus=HEAD_CPUS) as dep:
         out["ray_nodes"] = dep.ray.alive()
         t0 = time.time()
         out["solo"] = start_job("solo", root, address=dep.address, opt_in=None).wait(600)
