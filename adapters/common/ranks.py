@@ -323,20 +323,34 @@ class RanksGate:
 
     def enter(self, phase: str, iteration: int) -> Any:
         handle = self.inner.enter(phase, iteration)
+        self.open_ranks(phase, iteration)
+        return handle
+
+    def exit(self, handle: Any) -> None:
+        pending = self.close_ranks()  # the ranks release while the controller's own rank does
+        try:
+            self.inner.exit(handle)
+        finally:
+            self.closed(pending)
+
+    def open_ranks(self, phase: str, iteration: int) -> None:
+        """The ranks' half of :meth:`enter` (the controller's own gate entered the phase already): returns
+        once every rank entered it on its node."""
         t0 = time.monotonic()
         out = self._check(f"enter {phase}({iteration})", self._run(Action.OPEN, phase, iteration))
         self.held_nodes = tuple(out["nodes"])
         record("ranks_entered", job=self.job, phase=phase, iteration=iteration, nodes=list(self.nodes()),
                placement=out["placement"], seconds=round(time.monotonic() - t0, 6))
-        return handle
 
-    def exit(self, handle: Any) -> None:
-        pending = self._run(Action.CLOSE, "", 0)  # the ranks release while the controller's own rank does
-        try:
-            self.inner.exit(handle)
-        finally:
-            self.held_nodes = ()
-            self._check("release its phase", pending)
+    def close_ranks(self) -> dict[str, Any]:
+        """The ranks' half of :meth:`exit`: tell them to release the open phase; pass the answer to
+        :meth:`closed` once the controller's own gate released it too."""
+        return self._run(Action.CLOSE, "", 0)
+
+    def closed(self, pending: dict[str, Any]) -> None:
+        """Wait until every rank released (what :meth:`close_ranks` started)."""
+        self.held_nodes = ()
+        self._check("release its phase", pending)
 
     def nodes(self) -> tuple[str, ...]:
         """The nodes the open phase's permits cover (the controller's own and its ranks')."""

@@ -10,6 +10,10 @@ job's runtime environment). :func:`unpatch` restores every original.
 Supported: ROLL 0.3.0 at the commits in :data:`SUPPORTED_COMMITS`. The version is guarded at the
 first ROLL import, and ``run()``'s own source is checked to still open the spans the adapter gates.
 
+Every ROLL worker that holds GPU memory (``Worker.__init__`` is wrapped) attaches as a rank of the job
+on its own node's sidecar, and the driver's gates open and close each phase on every rank too
+(``rollmux.adapters.common.ranks``): a multi-node job's permit guards each node it runs on.
+
 Disaggregated jobs (actor_train and actor_infer on different devices) sync weights through
 ``rollmux.sync_plugin`` instead of ROLL's one-source broadcast, and load them on the inference side
 under the Rollout permit (:mod:`.weight_sync`); their vLLM / SGLang engines release GPU memory
@@ -57,6 +61,8 @@ TARGETS = (
     PatchTarget(module=_ROLLOUT, attribute="RolloutScheduler._get_batch_impl", wrapper=workers.wrap_agentic_batch),
     PatchTarget(module=_ROLLOUT, attribute="RolloutScheduler._run_rollout_loop",
                 wrapper=rollout_state.wrap_rollout_loop),
+    PatchTarget(module="roll.distributed.executor.worker", attribute="Worker.__init__",
+                wrapper=workers.wrap_worker_init),
     PatchTarget(module="roll.distributed.strategy.vllm_strategy", attribute="VllmStrategy.offload_states",
                 wrapper=workers.wrap_vllm_offload),
     PatchTarget(module="roll.distributed.strategy.sglang_strategy", attribute="SgLangStrategy.offload_states",

@@ -24,7 +24,14 @@ from typing import Any
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
-from rollmux.adapters.common.registration import PROPAGATED, JobIdentity, check_sidecar, socket_path
+from rollmux.adapters.common.registration import (
+    PROPAGATED,
+    JobIdentity,
+    check_sidecar,
+    job_env,
+    publish_token,
+    socket_path,
+)
 from rollmux.adapters.common.relocation import register
 from rollmux.adapters.roll import relocation
 from rollmux.adapters.roll.gate import Gates, start_gates
@@ -168,6 +175,28 @@ def _node_of(cluster: Any) -> str | None:
     return str(ray.get(workers[0].__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())))
 
 
+def _worker_configs(cfg: Any) -> list[Any]:
+    """Every cluster's worker config of a pipeline config (actor_train, actor_infer, reference, critic,
+    rewards, env managers: whatever carries ``system_envs``)."""
+    out = []
+    for value in vars(cfg).values():
+        for item in value.values() if isinstance(value, dict) else (value,):
+            if isinstance(getattr(item, "system_envs", None), dict) and hasattr(item, "device_mapping"):
+                out.append(item)
+    return out
+
+
+def _pass_job_to_workers(cfg: Any, identity: JobIdentity) -> None:
+    """Before ROLL builds its clusters: the job's name (and the non-secret variables) go to every worker
+    through its cluster's ``system_envs`` (ROLL's per-worker runtime environment), the token into the
+    job's Ray instance (``publish_token``), so each GPU worker can attach as a rank on its own node.
+    The sidecar socket never goes there: each worker's raylet names its own node's."""
+    variables = job_env(identity)
+    for worker in _worker_configs(cfg):
+        worker.system_envs.update(variables)
+    publish_token(identity)
+
+
 def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
     """Register before ROLL builds any worker; start the gates once the clusters exist."""
@@ -186,14 +215,16 @@ def wrap_pipeline_init(wrapped: Callable[..., Any], instance: Any, args: tuple[A
     object.__setattr__(instance, _SESSION_ATTR, session)
     log.info("rollmux: ROLL job %s registered (deployment %s)", session.identity.job, session.identity.deployment)
     session.relocator = relocation.prepare(cfg, session.identity.job, session.identity.relayed, session.tracker)
+    _pass_job_to_workers(cfg, identity)
     result = wrapped(*args, **kwargs)
     relocation.check_resumed(session.relocator, instance)
     relocation.resume_rollout(session.relocator, instance)  # agentic: before the first rollout
     timeout = os.environ.get(env.PERMIT_TIMEOUT_S)
     session.gates = start_gates(
-        sockets={"rollout": rollout_socket, "train": socket_path()}, job=session.identity.job,
+        # a gate attaches on its own node's sidecar; a rollout socket the job names is a single-host layout's
+        sockets={"rollout": rollout_socket if rollout_socket != socket_path() else None}, job=session.identity.job,
         token=session.identity.token, permit_timeout_s=float(timeout) if timeout else None,
-        deployment=session.identity.deployment,
+        deployment=session.identity.deployment, env_vars=job_env(identity),
         node_ids={"rollout": _node_of(getattr(instance, "actor_infer", None)),
                   "train": _node_of(getattr(instance, "actor_train", None))})
     return result

@@ -9,6 +9,11 @@ ordinary shim (``rollmux.init`` / ``rollmux.phase`` / ``rollmux.runtime_hook``).
 
 The gate actors are named (``rollmux-gate-<pool>``) inside the job's Ray namespace so that ROLL's
 rollout scheduler actor can report progress to the rollout gate.
+
+The gates are the driver's own ranks; the GPU memory is held by ROLL's cluster workers, each a rank of
+the job on its own node's sidecar (``workers.wrap_worker_init``). :class:`Gates` moves them through every
+phase step with the gate (``rollmux.adapters.common.ranks.RanksGate``), so a phase runs only once every
+node of a multi-node job was granted it, and ends once every rank there released it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import time
 from typing import Any
 
+from rollmux.adapters.common.ranks import RanksGate
 from rollmux.adapters.roll.phases import Action, Step
 from rollmux.core.model import PHASE_ORDER
 from rollmux.sidecar.api import phase_pool
@@ -25,6 +31,10 @@ from rollmux.sidecar.api import phase_pool
 log = logging.getLogger(__name__)
 
 POOLS = ("rollout", "train")
+
+RANKS_TIMEOUT_S = 600.0
+"""Longest wait for the job's ranks to enter or release a phase (a permit wait included), unless
+``ROLLMUX_PERMIT_TIMEOUT_S`` sets the permit wait."""
 
 
 def gate_name(pool: str) -> str:
@@ -34,7 +44,7 @@ def gate_name(pool: str) -> str:
 class PoolGate:
     """The body of the per-pool gate actor (wrapped with ``ray.remote`` by :func:`start_gates`)."""
 
-    def __init__(self, *, socket: str, job: str, token: str, rank: int, permit_timeout_s: float | None,
+    def __init__(self, *, socket: str | None, job: str, token: str, rank: int, permit_timeout_s: float | None,
                  deployment: str) -> None:
         from rollmux.sidecar import shim
 
@@ -138,18 +148,41 @@ class Gates:
     gate call also carries the call's round trip, so the seconds add up to the driver's wait."""
     progress: list[tuple[int, int, str | None]] = dataclasses.field(default_factory=list)
     """The gates' progress reports (``PoolGate.reports``), collected at shutdown."""
+    ranks: RanksGate | None = None
+    """The job's GPU workers, each a rank on its own node (``rollmux.adapters.common.ranks``): every step
+    is theirs too. None: the gates alone (no board)."""
 
     def run(self, steps: list[Step]) -> None:
-        """Run the steps in order: one actor call per run of consecutive steps on the same gate (a phase
-        switch on one gate, such as a close then an open, costs one driver round trip, not two)."""
+        """Run the steps in order: one actor call per run of closes ending with at most one open on the same
+        gate (a phase switch on one gate, a close then an open, costs one driver round trip, not two).
+
+        The ranks release a phase while the gate does and enter one once the gate holds its permit, so a
+        call returns once every rank of the job entered (or released) the phase on its node."""
+        for pool, batch in by_gate(steps, self.deployment):
+            for chunk in through_opens(batch):
+                self._run_chunk(pool, chunk)
+
+    def _run_chunk(self, pool: str, chunk: list[Step]) -> None:
         import ray
 
-        for pool, batch in by_gate(steps, self.deployment):
-            t0 = time.perf_counter()
-            took = ray.get(self.actors[pool].apply.remote([(s.action.value, s.phase, s.iteration) for s in batch]))
-            trip = time.perf_counter() - t0 - sum(took)
-            for i, (s, sec) in enumerate(zip(batch, took)):
-                self.log.append((s.action.value, s.phase, s.iteration, sec + (trip if i == len(batch) - 1 else 0.0)))
+        t0 = time.perf_counter()
+        closing = [self.ranks.close_ranks() for s in chunk if s.action is Action.CLOSE] if self.ranks else []
+        try:
+            took = ray.get(self.actors[pool].apply.remote([(s.action.value, s.phase, s.iteration) for s in chunk]))
+        finally:
+            for pending in closing:
+                self.ranks.closed(pending)  # type: ignore[union-attr]
+        last = chunk[-1]
+        if self.ranks is not None and last.action is Action.OPEN:
+            self.ranks.open_ranks(last.phase, last.iteration)
+        trip = time.perf_counter() - t0 - sum(took)
+        for i, (s, sec) in enumerate(zip(chunk, took)):
+            self.log.append((s.action.value, s.phase, s.iteration, sec + (trip if i == len(chunk) - 1 else 0.0)))
+
+    def nodes(self) -> tuple[str, ...]:
+        """What ``RanksGate`` asks of its inner gate: none of its own. A gate actor holds the same permit
+        as the ranks (one per job and phase), whose nodes the ranks report."""
+        return ()
 
     def relocation(self) -> Any:
         """The pending relocation directive, as the gate of the job's Sync heard it (None: none)."""
@@ -164,12 +197,25 @@ class Gates:
         return ray.get(self.actors[phase_pool("sync", self.deployment)].relocate.remote(wait_s))
 
     def shutdown(self, *, job_done: bool) -> None:
+        """Detach the ranks, then release and detach the gates (the training gate deregisters a done job)."""
         import ray
 
+        if self.ranks is not None:
+            self.ranks.detach()  # the job's ranks leave their sidecars before the job deregisters
         refs = [a.shutdown.remote(job_done and pool == "train") for pool, a in self.actors.items()]
         self.progress = [row for rows in ray.get(refs, timeout=60) for row in rows]
         for a in self.actors.values():
             ray.kill(a)
+
+
+def through_opens(steps: list[Step]) -> list[list[Step]]:
+    """Split `steps` after each open: every part is closes followed by at most one open."""
+    out: list[list[Step]] = [[]]
+    for s in steps:
+        out[-1].append(s)
+        if s.action is Action.OPEN:
+            out.append([])
+    return [part for part in out if part]
 
 
 def by_gate(steps: list[Step], deployment: str) -> list[tuple[str, list[Step]]]:
@@ -184,14 +230,18 @@ def by_gate(steps: list[Step], deployment: str) -> list[tuple[str, list[Step]]]:
     return out
 
 
-def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict[str, str | None],
-                permit_timeout_s: float | None, deployment: str = "disaggregated") -> Gates:
+def start_gates(*, sockets: dict[str, str | None], job: str, token: str, node_ids: dict[str, str | None],
+                permit_timeout_s: float | None, deployment: str = "disaggregated",
+                env_vars: dict[str, str] | None = None) -> Gates:
     """Start one gate actor per pool the job's phases run on (both pools when disaggregated, the one
     pool of a co-located job) on that pool's node, and wait until each is attached.
 
     Args:
-        sockets: pool -> the sidecar socket path on that pool's node.
+        sockets: pool -> the sidecar socket path on that pool's node; None (or absent): the socket the
+            platform names in the gate's own node's environment (a multi-node job's gate attaches there).
         node_ids: pool -> Ray node id of that pool's first ROLL worker (None: anywhere).
+        env_vars: the job's variables for the gates' processes (``registration.job_env``: its event log,
+            permit timeout), which a cluster the driver only connected to does not give them.
 
     Raises:
         The shim's SidecarUnreachableError / ShimConfigError (re-raised from the actor) when a
@@ -206,15 +256,19 @@ def start_gates(*, sockets: dict[str, str], job: str, token: str, node_ids: dict
     for rank, pool in enumerate(p for p in POOLS if p in used):
         node = node_ids.get(pool)
         opts: dict[str, Any] = {"name": gate_name(pool), "get_if_exists": False}
+        if env_vars:
+            opts["runtime_env"] = {"env_vars": dict(env_vars)}
         if node:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        actors[pool] = cls.options(**opts).remote(socket=sockets[pool], job=job, token=token, rank=rank,
+        actors[pool] = cls.options(**opts).remote(socket=sockets.get(pool), job=job, token=token, rank=rank,
                                                   permit_timeout_s=permit_timeout_s, deployment=deployment)
     try:
         ray.get([a.__ray_ready__.remote() for a in actors.values()], timeout=120)
     except ray.exceptions.RayActorError as exc:
         raise _unwrap(exc) from None
-    return Gates(actors=actors, deployment=deployment)
+    gates = Gates(actors=actors, deployment=deployment)
+    gates.ranks = RanksGate(job=job, inner=gates, timeout_s=permit_timeout_s or RANKS_TIMEOUT_S)
+    return gates
 
 
 def _unwrap(exc: Exception) -> Exception:

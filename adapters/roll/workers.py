@@ -9,6 +9,10 @@ loads the adapter because the driver passed the opt-in variable in the job's run
   in host memory, and the next ``model_update`` overwrites them anyway). ROLL's loops already call
   ``actor_infer.offload_states()`` at the end of every rollout and ``load_states()`` before the next
   one, both inside the job's Rollout permit (``phases.py``); hf_infer offloads in both modes as shipped.
+* :func:`wrap_worker_init` (``roll.distributed.executor.worker.Worker.__init__``, the base of every
+  ROLL cluster worker): a worker that holds GPU memory (its cluster has a ``device_mapping``: actor_train,
+  actor_infer, reference, critic, GPU reward workers) attaches as a rank of the job on its own node's
+  sidecar (``rollmux.adapters.common.ranks``, invariant I3) and follows the driver's phases there.
 * :func:`wrap_batch_rollout` / :func:`wrap_replay_get_batch` (RLVR's rollout scheduler actor) and
   :func:`wrap_agentic_batch` (the agentic ``RolloutScheduler`` actor, train mode): rollout progress
   (finished / total responses) goes to the rollout gate actor, which reports it through
@@ -26,9 +30,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rollmux.adapters.common import ranks
 from rollmux.adapters.roll.gate import gate_name
 
 log = logging.getLogger(__name__)
+
+
+def holds_gpu(worker_config: Any) -> bool:
+    """Whether a ROLL worker holds GPU memory: its cluster maps devices (ROLL runs a worker with no
+    ``device_mapping`` on the CPU only)."""
+    return bool(getattr(worker_config, "device_mapping", None))
+
+
+def wrap_worker_init(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Any:
+    """After a ROLL worker's constructor (in its Ray actor): a GPU worker attaches as a rank on its node's
+    sidecar, once per process (``ranks.attach_here``; a no-op in a process of no opted-in job)."""
+    result = wrapped(*args, **kwargs)
+    if holds_gpu(getattr(instance, "worker_config", None)):
+        ranks.attach_here(type(instance).__name__)
+    return result
 
 
 def _release_disaggregated(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -14,7 +14,7 @@ that the two agree.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 from rollmux.coordinator.policy.grants import PhaseRequest, Ring, grant_step
 from rollmux.coordinator.policy.intra_group import (

@@ -36,7 +36,7 @@ from rollmux.coordinator.policy.api import (
     RejectReason,
     Strategy,
 )
-from rollmux.coordinator.policy.intra_group import cycle_time, member_periods
+from rollmux.coordinator.policy.intra_group import member_periods
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.core.model import ClusterSpec, Deployment, JobSpec, Pool
 

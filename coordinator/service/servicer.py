@@ -32,10 +32,6 @@ from rollmux.coordinator.service.runtime.api import (
     ServiceError,
 )
 from rollmux.coordinator.service.runtime.records import PermitRecord
-
-_HELD_POLL_S = 0.05
-"""How often a per-node AdvancePermit asks again while other nodes of the permit still hold the phase
-(their release queues the next phase without a notice to this job's waiters)."""
 from rollmux.core.errors import ErrorCode, SpecError
 from rollmux.core.model import (
     ClusterInfo,
@@ -59,6 +55,10 @@ from rollmux.wire.errors import STATUS_OF, trailing_metadata
 from rollmux.wire.names import check_name
 
 log = logging.getLogger("rollmux.coordinator")
+
+_HELD_POLL_S = 0.05
+"""How often a per-node AdvancePermit asks again while other nodes of the permit still hold the phase
+(their release queues the next phase without a notice to this job's waiters)."""
 _REGISTERED_HOW = {Registered.NEW: "", Registered.RETRIED: " again (token rotated)",
                    Registered.REATTACHED: " again on its new nodes after a relocation (re-attached, new token)"}
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raynodes import RayNode, RayNodes
 
@@ -48,9 +49,12 @@ class Deployment:
 
 @contextlib.contextmanager
 def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float = 10.0,
-              sidecar_args: tuple[str, ...] = ()) -> Iterator[Deployment]:
+              sidecar_args: tuple[str, ...] = (), ray_bin: str | None = None,
+              head_cpus: int = HEAD_CPUS) -> Iterator[Deployment]:
     """Start everything (coordinator and sidecars first: a raylet's workers may attach at once), yield,
-    stop everything in reverse order. `sidecar_args`: further flags for every sidecar."""
+    stop everything in reverse order. `ray_bin`: the ``ray`` of the venv the jobs run in (default: this
+    interpreter's); `head_cpus`: the head's logical CPUs (a ROLL driver pins its schedulers, no ranks, to
+    its own node); `sidecar_args`: further flags for every sidecar."""
     workdir.mkdir(parents=True, exist_ok=True)
     secret = workdir / "secret"
     secret.write_text(SECRET)
@@ -80,11 +84,23 @@ def multinode(workdir: Path, *, raylet_env: dict[str, str], lease_ttl_s: float =
             sidecars.append(sc)
         for sc in sidecars:
             sc.wait_ready(120)
-        ray = RayNodes(workdir / "ray", [RayNode(name=node, gpus=gpus, cpus=HEAD_CPUS if not gpus else WORKER_CPUS,
+        ray = RayNodes(workdir / "ray", [RayNode(name=node, gpus=gpus, cpus=head_cpus if not gpus else WORKER_CPUS,
                                                  env={env.SIDECAR_SOCKET: sockets[node]})
                                          for node, _, gpus in NODES],
-                       env=raylet_env, ray_bin=str(Path(sys.executable).parent / "ray"))
+                       env=raylet_env, ray_bin=ray_bin or str(Path(sys.executable).parent / "ray"))
         stack.callback(ray.stop)
         ray.start()
         yield Deployment(dir=workdir, ray=ray, coordinator=coordinator, sockets=sockets, node_events=node_events,
                          secret_file=secret)
+
+
+def cluster_jobs(dep: Deployment) -> list[Any]:
+    """The jobs the coordinator knows now (its cluster state, asked with the operator's token)."""
+    from rollmux.wire.auth import operator_token
+    from rollmux.wire.client import CoordinatorClient
+
+    client = CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
+    try:
+        return list(client.cluster_state().jobs)
+    finally:
+        client.close()

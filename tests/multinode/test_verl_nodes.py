@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment import multinode
+from deployment import cluster_jobs, multinode
 from verl_nodes import (
     FREE_AFTER_S,
     KEEP_BYTES,
@@ -84,7 +84,7 @@ def runs(verl_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         driver.start()
         out["mux"] = _run(muxed, opt_in, harness_events)
         driver.join(120)
-        out["left"] = [j.job for j in _cluster_state(dep)]
+        out["left"] = [j.job for j in cluster_jobs(dep)]
         if side.token:  # it stays registered after its rank died (parked): its owner removes it
             _operator(dep).job(SIDE, side.token).deregister()
         out["stray"] = _stray(dep)
@@ -148,14 +148,6 @@ def _operator(dep: Any) -> Any:
     from rollmux.wire.client import CoordinatorClient
 
     return CoordinatorClient(dep.coordinator.address, token=operator_token(dep.secret_file.read_text()))
-
-
-def _cluster_state(dep: Any) -> list[Any]:
-    client = _operator(dep)
-    try:
-        return list(client.cluster_state().jobs)
-    finally:
-        client.close()
 
 
 def _stray(dep: Any) -> dict[str, Any]:

@@ -156,8 +156,9 @@ def run_side(dep: Any, workdir: Path, standin: Path, after: str, out: SideRun, *
         marks.mkdir(parents=True, exist_ok=True)
         for node, role in (("n1", "keeper"), ("n2", "victim")):
             e = side_rank_env(dep.sockets[node], SIDE, out.token, role, standin, marks, workdir / "side-phases.jsonl")
-            procs[node] = subprocess.Popen([sys.executable, "-c", SIDE_RANK], cwd=REPO, env=e,
-                                           stdout=open(workdir / f"side-{role}.log", "wb"), stderr=subprocess.STDOUT)
+            with open(workdir / f"side-{role}.log", "wb") as log:  # the child keeps its own descriptor
+                procs[node] = subprocess.Popen([sys.executable, "-c", SIDE_RANK], cwd=REPO, env=e, stdout=log,
+                                               stderr=subprocess.STDOUT)
             out.pids[node] = procs[node].pid
         while not (marks / "victim.in-sync-0").exists():
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):

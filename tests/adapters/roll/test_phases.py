@@ -95,3 +95,22 @@ def test_steps_on_one_gate_go_in_one_call_per_run_of_that_gate() -> None:
     back = t.end("model_update")  # close sync(0), open rollout(1): two gates when disaggregated
     assert [(pool, len(batch)) for pool, batch in by_gate(back, "disaggregated")] == [("train", 1), ("rollout", 1)]
     assert [s for _, batch in by_gate(switch + back, "disaggregated") for s in batch] == switch + back
+
+
+def test_a_gate_call_ends_at_an_open_so_the_ranks_enter_each_phase_the_gate_holds() -> None:
+    """The ranks enter a phase after the gate holds it: an empty phase (open, close) and the next open
+    go as two calls, so the ranks pass through the empty phase too."""
+    from rollmux.adapters.roll.gate import through_opens
+
+    t = PhaseTracker()
+    t.begin("pipeline_step", 0)
+    t.end("model_update")
+    t.end("generate")
+    t.begin("pipeline_step", 1)
+    switch = t.begin("model_update")  # open + close the skipped train(0), open sync(0)
+    back = t.end("model_update")  # close sync(0), open rollout(1)
+    parts = [[(s.action.value, s.phase, s.iteration) for s in part] for part in through_opens(switch + back)]
+    assert parts == [[("open", "train", 0)], [("close", "train", 0), ("open", "sync", 0)],
+                     [("close", "sync", 0), ("open", "rollout", 1)]]
+    assert through_opens(t.finish()) == [[Step(action=Action.CLOSE, phase="rollout", iteration=1)]]
+    assert through_opens([]) == []

@@ -187,11 +187,13 @@ _PORT_BLOCKS = itertools.count()
 
 def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: float = 1e-3,
            extra_env: dict[str, str] | None = None, start_file: Path | None = None, timing: bool = False,
-           disaggregated: bool = False, check_weights: bool = False, step_gate: Path | None = None) -> Job:
+           disaggregated: bool = False, check_weights: bool = False, step_gate: Path | None = None,
+           extra_args: list[str] | None = None) -> Job:
     """Start one job's driver. `kind` is "rlvr" or "agentic"; `extra_env` opts it in (``Pools.job_env``);
     with `start_file`, the job waits once built until the caller creates that file (after :func:`wait_built`); with
     `timing`, its result also holds spans, offload/load seconds and permit calls (``harness/timing.py``); with
-    `step_gate` (and `timing`), it pauses after each step k until ``step_gate/go-{k+1}`` exists."""
+    `step_gate` (and `timing`), it pauses after each step k until ``step_gate/go-{k+1}`` exists; `extra_args`
+    go to the harness script as they are (``--ray-address``, ``--nodes``)."""
     jobdir = workdir / name
     jobdir.mkdir(parents=True, exist_ok=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
@@ -215,6 +217,7 @@ def launch(name: str, workdir: Path, *, kind: str = "rlvr", steps: int = 2, lr: 
         cmd.append("--disaggregated")
     if check_weights:
         cmd.append("--check-weights")
+    cmd += extra_args or []
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=jobdir, env=e, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(name=name, proc=proc, out=out, log=log)

@@ -7,7 +7,12 @@ from dataclasses import replace
 import pytest
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
-from rollmux.coordinator.policy.admission import LOOKAHEAD_PLACEMENTS, horizon, place_pending, placements_needed
+from rollmux.coordinator.policy.admission import (
+    LOOKAHEAD_PLACEMENTS,
+    horizon,
+    place_pending,
+    placements_needed,
+)
 from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.core.model import Deployment
 from rollmux.testing.builders import make_job

@@ -9,8 +9,8 @@ import pytest
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.api import PlacementDecision, Strategy
 from rollmux.coordinator.policy.grants import group_rings
-from rollmux.coordinator.policy.optimum import cheapest_group
 from rollmux.coordinator.policy.intra_group import cycle_time
+from rollmux.coordinator.policy.optimum import cheapest_group
 from rollmux.coordinator.policy.regroup import apply_moves, plan_moves
 from rollmux.core.model import ClusterSpec, Deployment
 from rollmux.testing.builders import make_job

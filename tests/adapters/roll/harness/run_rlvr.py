@@ -69,6 +69,13 @@ def build(args: argparse.Namespace) -> Any:
     from roll.pipeline.rlvr.rlvr_config import RLVRConfig
 
     raw = rlvr_config(Path(args.assets), Path(args.workdir), args.steps, args.name, args.lr)
+    if args.nodes > 1:  # one GPU per node: actor_train and actor_infer data-parallel over `nodes` nodes
+        devices = str(list(range(args.nodes)))
+        raw["num_gpus_per_node"] = 1
+        for name in ("actor_train", "actor_infer", "reference"):
+            raw[name]["device_mapping"] = devices
+        # the same 4 samples per optimizer step: 2 per rank, no accumulation
+        raw["actor_train"]["training_args"]["gradient_accumulation_steps"] = max(1, 2 // args.nodes)
     if args.disaggregated:  # actor_infer on a device of its own (fake GPU 1): ROLL's separated model update
         os.environ["RMX_FAKE_GPUS"] = "2"  # before Ray starts: its workers inherit it
         raw["num_gpus_per_node"] = 2
@@ -80,10 +87,22 @@ def build(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def start_ray() -> None:
+def start_ray(address: str = "") -> None:
+    """Connect to the cluster at `address`, or start a private local Ray (not opted in; opted in, the
+    adapter starts it), then ROLL's ``init()``."""
     from roll.distributed.scheduler import initialize
 
-    if not os.environ.get("ROLLMUX_SIDECAR_SOCKET"):
+    if address:  # an existing multi-node cluster: each raylet's environment names its node's sidecar
+        import ray
+        from roll.platforms import current_platform
+        from roll.utils.constants import RAY_NAMESPACE
+
+        variables = dict(current_platform.get_custom_env_vars())
+        if not os.environ.get("ROLLMUX_SIDECAR_SOCKET"):  # a solo run: RollMux off in the workers too
+            variables["ROLLMUX_SIDECAR_SOCKET"] = ""
+        ray.init(address=address, namespace=RAY_NAMESPACE, runtime_env={"env_vars": variables})
+        initialize.start_ray_cluster = lambda: False
+    elif not os.environ.get("ROLLMUX_SIDECAR_SOCKET"):
         import ray
         from roll.platforms import current_platform
         from roll.utils.constants import RAY_NAMESPACE
@@ -96,11 +115,14 @@ def start_ray() -> None:
 
 
 def _probe(_actor: object) -> dict[str, object]:
-    """Runs inside a Ray actor: which RollMux patches that process holds."""
+    """Runs inside a Ray actor: which RollMux patches that process holds, its pid and its Ray node's labels."""
     import sys
 
+    import ray
+
     mod = sys.modules.get("rollmux.adapters.roll")
-    return {"loaded": mod is not None, "applied": list(mod.applied()) if mod is not None else []}
+    return {"loaded": mod is not None, "applied": list(mod.applied()) if mod is not None else [],
+            "pid": os.getpid(), "labels": dict(ray.get_runtime_context().get_node_labels() or {})}
 
 
 def worker_patches(pipeline: object) -> dict[str, object]:
@@ -191,6 +213,10 @@ def parser(doc: str | None, name: str) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3, help="actor learning rate (tells two jobs apart)")
     p.add_argument("--start-file", help="once built, write OUT.built and wait for this file before run() "
                    "(lets a test start several jobs' first phases together)")
+    p.add_argument("--ray-address", default="", help="connect to this Ray cluster (multi-node) instead of a "
+                   "private local one")
+    p.add_argument("--nodes", type=int, default=1, help="RLVR: actor_train and actor_infer over this many "
+                   "one-GPU nodes")
     p.add_argument("--disaggregated", action="store_true", help="RLVR: actor_infer on its own (fake) device")
     p.add_argument("--check-weights", action="store_true", help="after run(), nudge actor_train's weights, sync "
                    "once more, load actor_infer's states and write digests of both sides' weights: before the sync, "
@@ -205,7 +231,7 @@ def parser(doc: str | None, name: str) -> argparse.ArgumentParser:
 def run_pipeline(args: argparse.Namespace, cfg: Any, pipeline_cls: Callable[[], type]) -> int:
     """Build the pipeline (after starting Ray), optionally wait for the start file, run it, write OUT."""
     t0 = time.time()
-    start_ray()
+    start_ray(args.ray_address)
     pipeline = pipeline_cls()(pipeline_config=cfg)
     t_built = time.time()
     if args.start_file:
