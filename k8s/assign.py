@@ -65,3 +65,13 @@ def assign(job: str, pools: Sequence[tuple[PodView, Pool]], placed: Mapping[Pool
 
 def _other(pool: Pool) -> Pool:
     return Pool.TRAIN if pool is Pool.ROLLOUT else Pool.ROLLOUT
+
+
+def never_fits(pools: Sequence[tuple[PodView, Pool]], nodes: Mapping[str, NodeView]) -> str:
+    """Why some pod could not run on any node of its pool even on an empty cluster ("" if each could)."""
+    for pod, pool in pools:
+        biggest = max((n.physical_gpus for n in nodes.values() if n.pool is pool), default=0)
+        if pod.gpus > biggest:
+            return (f"pod {pod.name} requests {pod.gpus} nvidia.com/gpu but the largest {pool.value} node has "
+                    f"{biggest} GPUs: it can never fit; ask for at most {biggest} per pod and more pods")
+    return ""

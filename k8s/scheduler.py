@@ -158,6 +158,9 @@ class Scheduler:
             gs = gang_spec(g)
         except SchedulerError as exc:
             return GangDecision(job=g.job, code=exc.reason, message=f"waiting: {exc}")
+        never = assign.never_fits(gs.pools, nodes)
+        if never:
+            return GangDecision(job=g.job, code=Code.REFUSED, message=f"waiting: {never}")
         key, uids = (g.namespace, g.job), frozenset(p.uid for p in g.pods)
         refused = self._refused.get(key)
         if refused is not None and refused[0] == uids:  # the same pods again: do not ask again

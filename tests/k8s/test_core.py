@@ -7,7 +7,7 @@ import pytest
 from rollmux.core.model import Deployment, Pool
 from rollmux.k8s import nodefilter
 from rollmux.k8s.api import Code, Gang, NodeUsage, SchedulerError
-from rollmux.k8s.assign import assign
+from rollmux.k8s.assign import assign, never_fits
 from rollmux.k8s.gang import build_gang, group_pending
 from rollmux.k8s.objects import node_view, owner_gang_size, pod_view
 from rollmux.k8s.spec import gang_spec
@@ -212,3 +212,9 @@ def test_a_cordoned_or_missing_node_keeps_the_gang_waiting() -> None:
 def test_a_colocated_job_runs_its_rollout_pods_on_its_training_nodes() -> None:
     d = assign("a", [(pod("a-0"), Pool.ROLLOUT)], {Pool.ROLLOUT: (), Pool.TRAIN: ("t1",)}, NODES, {}, explain="x")
     assert [b.node for b in d.bindings] == ["t1"]
+
+
+def test_a_pod_bigger_than_every_node_of_its_pool_never_fits() -> None:
+    assert never_fits([(pod("a-0"), Pool.TRAIN)], NODES) == ""
+    why = never_fits([(pod("a-0", gpus=16), Pool.TRAIN)], NODES)
+    assert "requests 16 nvidia.com/gpu but the largest train node has 8 GPUs" in why
