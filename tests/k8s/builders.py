@@ -44,3 +44,15 @@ def node_obj(name: str, pool: str, *, gpus: int = 8, replicas: int = 1, ready: b
             "spec": {"unschedulable": unschedulable, "taints": list(taints or [])},
             "status": {"capacity": alloc, "allocatable": alloc,
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def job_obj(name: str, *, parallelism: int = 2, ns: str = "default", scheduler: str = SCHEDULER_NAME,
+            annotations: dict[str, str] | None = None, gpus: int = 8) -> dict[str, Any]:
+    """A batch/v1 Job of RollMux job `name`: `parallelism` pods, split between the pools by annotations."""
+    pod = pod_obj("unused", name, gpus=gpus, ns=ns, annotations=annotations, scheduler=scheduler)
+    pod["spec"]["restartPolicy"] = "Never"
+    template = {"metadata": {"labels": pod["metadata"]["labels"], "annotations": pod["metadata"]["annotations"]},
+                "spec": pod["spec"]}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns},
+            "spec": {"parallelism": parallelism, "completions": parallelism, "backoffLimit": 6,
+                     "template": template}}
