@@ -7,6 +7,7 @@ In a pod, `KubeClient.in_cluster()` reads the service account's token and CA, as
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
@@ -102,10 +103,8 @@ class KubeClient:
                     raise KubeError(0, f"{method} {path}: {exc}") from None
         if resp.status >= 300:
             message = raw.decode(errors="replace")
-            try:
+            with contextlib.suppress(ValueError, AttributeError):
                 message = json.loads(raw).get("message", message)
-            except ValueError:
-                pass
             raise (GoneError if resp.status == 410 else KubeError)(resp.status, message)
         return json.loads(raw) if raw else {}
 

@@ -116,7 +116,7 @@ class Scheduler:
         groups, bad = gang.group_pending(pending)
         for pod, why in bad:
             self._tell_bad(pod, why)
-        bound = {}
+        bound: dict[tuple[str, str], list[PodView]] = {}
         for p in mine:
             if p.node_name and p.job:
                 bound.setdefault((p.namespace, p.job), []).append(p)

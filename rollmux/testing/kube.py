@@ -101,7 +101,7 @@ class ControlPlane:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise ControlPlaneError(f"{p.args[0]} exited with {p.returncode}: see {self.dir}/*.log")
+                    raise ControlPlaneError(f"a control-plane process exited with {p.returncode}: see {self.dir}/*.log")
             try:  # the default namespace exists once the server's bootstrap controllers ran
                 kube.get("/api/v1/namespaces/default")
                 return

@@ -14,6 +14,7 @@ from rollmux.k8s.spec import gang_spec
 
 from .builders import node_obj, pod_obj
 
+
 def pod(name: str, job: str | None = "a", **kw):  # type: ignore[no-untyped-def]
     return pod_view(pod_obj(name, job, uid=f"uid-{name}", **kw))
 
