@@ -132,6 +132,7 @@ class Scheduler:
                 continue
             if not g.complete:
                 self._complete_since.pop((ns, job), None)
+                self.metrics.gangs.labels(outcome=Code.INCOMPLETE.value).inc()
                 self._tell_all(members, placed=False, message=f"waiting: {len(g.pods)}/{g.size} pods of "
                                                               f"job {job!r} exist; the gang binds together")
                 continue
