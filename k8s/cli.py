@@ -26,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secret-file", default=None,
                         help="file holding the coordinator's bootstrap secret (the operator token derives from it; "
                              f"default ${env.SECRET_FILE}, else ${env.BOOTSTRAP_SECRET}; unset: no secret)")
+    parser.add_argument("--tls-ca", default=None, help="PEM CA certificate of a coordinator serving TLS")
     parser.add_argument("--scheduler-name", default=SCHEDULER_NAME, help="the pods' spec.schedulerName to serve")
     parser.add_argument("--kube-server", default="",
                         help="API server URL (default: in-cluster, from the service account)")
@@ -52,10 +53,12 @@ def run(args: argparse.Namespace) -> int:
                                          insecure=args.kube_insecure))
         else:
             kube = KubeClient.in_cluster()
+        root_certificates = open(args.tls_ca, "rb").read() if args.tls_ca else None  # noqa: SIM115
     except (OSError, KeyError, ValueError) as exc:
         print(f"rollmux scheduler: {exc}: give --kube-server (and --kube-token-file) outside a pod", file=sys.stderr)
         return 2
-    coordinator = CoordinatorClient(args.coordinator.split(","), token=auth.operator_token(secret) if secret else None)
+    coordinator = CoordinatorClient(args.coordinator.split(","), token=auth.operator_token(secret) if secret else None,
+                                    root_certificates=root_certificates)
     scheduler = Scheduler(kube, coordinator, SchedulerConfig(scheduler_name=args.scheduler_name, resync_s=args.resync))
     if args.metrics_port:
         from prometheus_client import start_http_server
