@@ -66,20 +66,23 @@ def _gpu_count(ann: dict[str, str], key: str) -> int | None:
     return int(ann[key])
 
 
-def split_pools(gang: Gang, n_rollout: int | None, n_train: int | None) -> tuple[tuple[PodView, Pool], ...]:
-    """Each pod's pool: its own where it names one; the others fill rollout up to N_R, then training."""
-    fixed = {Pool.ROLLOUT: sum(p.gpus for p in gang.pods if p.pool is Pool.ROLLOUT),
-             Pool.TRAIN: sum(p.gpus for p in gang.pods if p.pool is Pool.TRAIN)}
-    room = (n_rollout if n_rollout is not None else fixed[Pool.ROLLOUT]) - fixed[Pool.ROLLOUT]
+def split_pools(gang: Gang, n_rollout: int | None) -> tuple[tuple[PodView, Pool], ...]:
+    """Each pod's pool: its own where it names one; the others fill rollout up to N_R, then training.
+    A pod without GPUs (a Ray head, the job's driver) without a pool goes with training."""
+    fixed = sum(p.gpus for p in gang.pods if p.pool is Pool.ROLLOUT)
+    room = (n_rollout if n_rollout is not None else fixed) - fixed
     out = []
     for pod in gang.pods:
         pool = pod.pool
         if pool is None:
-            pool = Pool.ROLLOUT if room >= pod.gpus and room > 0 else Pool.TRAIN
+            pool = Pool.ROLLOUT if 0 < pod.gpus <= room else Pool.TRAIN
             if pool is Pool.ROLLOUT:
                 room -= pod.gpus
         out.append((pod, pool))
     return tuple(out)
+
+
+_COLOCATED = {Deployment.COLOCATED_TRAIN.value: Pool.TRAIN, Deployment.COLOCATED_ROLLOUT.value: Pool.ROLLOUT}
 
 
 def gang_spec(gang: Gang) -> GangSpec:
@@ -90,15 +93,20 @@ def gang_spec(gang: Gang) -> GangSpec:
             disagree, GPU counts the pods do not add up to, or a pod without GPUs.
     """
     ann = _annotations(gang)
-    for pod in gang.pods:
-        if pod.gpus < 1:
-            raise SchedulerError(Code.BAD_INPUT, f"pod {pod.key} requests no nvidia.com/gpu: every pod of a "
-                                                 "RollMux job runs on GPUs of its pool")
+    if not any(pod.gpus for pod in gang.pods):
+        raise SchedulerError(Code.BAD_INPUT, f"no pod of job {gang.job!r} requests nvidia.com/gpu: a RollMux job "
+                                             "runs on GPUs of its pools")
     n_rollout, n_train = _gpu_count(ann, ROLLOUT_GPUS), _gpu_count(ann, TRAIN_GPUS)
-    pools = split_pools(gang, n_rollout, n_train)
-    sums = {pool: sum(p.gpus for p, q in pools if q is pool) for pool in Pool}
-    want = {Pool.ROLLOUT: n_rollout if n_rollout is not None else sums[Pool.ROLLOUT],
-            Pool.TRAIN: n_train if n_train is not None else sums[Pool.TRAIN]}
+    colocated = _COLOCATED.get(ann.get(DEPLOYMENT, ""))
+    if colocated is not None:  # every phase on one pool's GPUs: both phases use all of them
+        pools = tuple((p, colocated) for p in gang.pods)
+        total = sum(p.gpus for p in gang.pods)
+        sums = want = {Pool.ROLLOUT: total, Pool.TRAIN: total}
+    else:
+        pools = split_pools(gang, n_rollout)
+        sums = {pool: sum(p.gpus for p, q in pools if q is pool) for pool in Pool}
+        want = {Pool.ROLLOUT: n_rollout if n_rollout is not None else sums[Pool.ROLLOUT],
+                Pool.TRAIN: n_train if n_train is not None else sums[Pool.TRAIN]}
     if want != sums:
         raise SchedulerError(Code.BAD_INPUT, f"job {gang.job!r}: its pods request {sums[Pool.ROLLOUT]} rollout and "
                                              f"{sums[Pool.TRAIN]} training GPUs, its annotations ask for "

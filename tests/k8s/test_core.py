@@ -152,7 +152,7 @@ def test_unlabelled_pods_fill_rollout_then_training_by_the_gpu_annotations() -> 
     ([{"annotations": {"rollmux.io/rollout-gpus": "eight"}}], "whole number"),
     ([{"annotations": {"rollmux.io/slo": "2"}}, {"annotations": {"rollmux.io/slo": "3"}}], "different"),
     ([{"annotations": {"rollmux.io/rollout-gpus": "8", "rollmux.io/train-gpus": "16"}}], "ask for 8 and 16"),
-    ([{"gpus": 0}], "requests no nvidia.com/gpu"),
+    ([{"gpus": 0}, {"gpus": 0}], "requests nvidia.com/gpu"),
 ], ids=["slo-text", "slo-range", "deployment", "gpu-count", "pods-disagree", "gpus-do-not-add-up", "no-gpus"])
 def test_bad_annotations_are_bad_input(pods, match) -> None:  # type: ignore[no-untyped-def]
     views = [pod(f"a-{i}", pool="rollout" if i == 0 else "train", **kw) for i, kw in enumerate(pods)]
@@ -219,3 +219,19 @@ def test_a_pod_bigger_than_every_node_of_its_pool_never_fits() -> None:
     assert never_fits([(pod("a-0"), Pool.TRAIN)], NODES) == ""
     why = never_fits([(pod("a-0", gpus=16), Pool.TRAIN)], NODES)
     assert "requests 16 nvidia.com/gpu but the largest train node has 8 GPUs" in why
+
+
+def test_a_colocated_job_asks_for_its_gpus_in_both_phases_on_one_pool() -> None:
+    ann = {"rollmux.io/deployment": "colocated-train"}
+    gs = gang_spec(gang_of(pod("a-0", annotations=ann), pod("a-1", annotations=ann)))
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (16, 16)
+    assert {pool for _, pool in gs.pools} == {Pool.TRAIN}
+
+
+def test_a_pod_without_gpus_goes_with_training() -> None:
+    ann = {"rollmux.io/rollout-gpus": "8"}
+    gs = gang_spec(gang_of(pod("a-head", gpus=0, annotations=ann), pod("a-w0", annotations=ann),
+                           pod("a-w1", annotations=ann)))
+    assert [(p.name, pool) for p, pool in gs.pools] == [("a-head", Pool.TRAIN), ("a-w0", Pool.ROLLOUT),
+                                                         ("a-w1", Pool.TRAIN)]
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 8)
