@@ -21,6 +21,7 @@ class SchedulerMetrics:
     gang_latency: Histogram  # rollmux_scheduler_gang_bind_seconds: gang complete -> every pod bound
     pending_gangs: Gauge  # rollmux_scheduler_pending_gangs: gangs with a pending pod after the last cycle
     cycle_seconds: Histogram  # rollmux_scheduler_cycle_seconds: one scheduling cycle
+    admit_seconds: Histogram  # rollmux_scheduler_admit_seconds: the coordinator's admission call (RegisterJob)
 
     @classmethod
     def create(cls) -> SchedulerMetrics:
@@ -35,5 +36,7 @@ class SchedulerMetrics:
                                    buckets=LATENCY_BUCKETS_S, registry=reg),
             pending_gangs=Gauge("rollmux_scheduler_pending_gangs", "Gangs with a pending pod", registry=reg),
             cycle_seconds=Histogram("rollmux_scheduler_cycle_seconds", "One scheduling cycle",
+                                    buckets=LATENCY_BUCKETS_S, registry=reg),
+            admit_seconds=Histogram("rollmux_scheduler_admit_seconds", "The coordinator's admission of a gang's job",
                                     buckets=LATENCY_BUCKETS_S, registry=reg),
         )

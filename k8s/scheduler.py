@@ -192,7 +192,8 @@ class Scheduler:
         if cluster_jobs is not None and name in cluster_jobs:
             return cluster_jobs[name]
         try:
-            handle = self.coordinator.register_job(gs.spec, attachable=True)
+            with self.metrics.admit_seconds.time():
+                handle = self.coordinator.register_job(gs.spec, attachable=True)
         except AlreadyExistsError:
             found = {j.job: j for j in self.coordinator.cluster_state().jobs}.get(name)
             if found is None:
