@@ -162,6 +162,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             rows.append(run_size(n, args.pairs, args.rounds, Path(tmp)))
+            print(f"[k8s_scheduler] {rows[-1]}", flush=True)
     print(f"\nRollMux scheduler on kube-apiserver {control_plane.KUBE_VERSION}: probe gangs of 2 pods, "
           f"{args.pairs} per round, {args.rounds} rounds")
     print(f"{'jobs pending':>12} {'gangs':>6} {'p50 s':>8} {'p99 s':>8} {'max s':>8} {'gangs/s':>8} "

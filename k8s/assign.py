@@ -57,7 +57,7 @@ def assign(job: str, pools: Sequence[tuple[PodView, Pool]], placed: Mapping[Pool
                                 message=f"waiting: {explain}, but pod {pod.name} fits none of its "
                                         f"{pool.value} nodes ({', '.join(candidates) or 'none'}): {msg}")
         u = taken[chosen]
-        taken[chosen] = replace(u, gpus=u.gpus + pod.gpus, pods=u.pods + 1, jobs=u.jobs | {job})
+        taken[chosen] = replace(u, gpus=u.gpus + pod.gpus, pods=u.pods + 1, jobs=u.jobs | {job})  # reserve
         mine[chosen] = mine.get(chosen, 0) + pod.gpus
         bindings.append(Binding(pod=pod, node=chosen))
     return GangDecision(job=job, bindings=tuple(bindings), message=explain)

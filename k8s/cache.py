@@ -100,6 +100,12 @@ def usage(pods: list[PodView], nodes: dict[str, NodeView]) -> dict[str, NodeUsag
             for n in nodes}
 
 
+def add_pod(used: NodeUsage, pod: PodView) -> NodeUsage:
+    """`used` with `pod` bound there too."""
+    return replace(used, gpus=used.gpus + pod.gpus, pods=used.pods + 1,
+                   jobs=used.jobs | {pod.job} if pod.job else used.jobs)
+
+
 class Informer(threading.Thread):
     """List + watch one resource into the cache until `stop` is set."""
 

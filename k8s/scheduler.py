@@ -17,8 +17,19 @@ from dataclasses import dataclass
 
 from rollmux.core.model import JobInfo, Pool
 from rollmux.k8s import assign, gang, objects
-from rollmux.k8s.api import SCHEDULER_NAME, Code, Gang, GangDecision, NodeView, Owner, PodView, SchedulerError
-from rollmux.k8s.cache import ClusterCache, Informer, usage
+from rollmux.k8s.api import (
+    SCHEDULER_NAME,
+    Binding,
+    Code,
+    Gang,
+    GangDecision,
+    NodeUsage,
+    NodeView,
+    Owner,
+    PodView,
+    SchedulerError,
+)
+from rollmux.k8s.cache import ClusterCache, Informer, add_pod, usage
 from rollmux.k8s.explain import Explainer
 from rollmux.k8s.kube import KubeClient, KubeError
 from rollmux.k8s.metrics import SchedulerMetrics
@@ -121,8 +132,11 @@ class Scheduler:
             if p.node_name and p.job:
                 bound.setdefault((p.namespace, p.job), []).append(p)
         decisions: list[GangDecision] = []
-        cluster_jobs: dict[str, JobInfo] | None = None
+        cluster_jobs: dict[str, JobInfo] = {}  # the coordinator's jobs, read at most once a cycle (when needed)
         owner_sizes: dict[tuple[str, str, str], int] = {}
+        for gone in set(self._complete_since) - set(groups):
+            del self._complete_since[gone]
+        used = usage(pods, nodes)  # kept up to date below as gangs bind
         for (ns, job), members in sorted(groups.items()):
             try:
                 g = gang.build_gang(ns, job, members + bound.get((ns, job), []),
@@ -137,13 +151,12 @@ class Scheduler:
                                                               f"job {job!r} exist; the gang binds together")
                 continue
             self._complete_since.setdefault((ns, job), self.clock())
-            if cluster_jobs is None and job in self._registered:
-                cluster_jobs = {j.job: j for j in self.coordinator.cluster_state().jobs}
-            decision = self._decide(g, nodes, usage(pods, nodes), cluster_jobs)
+            decision = self._decide(g, nodes, used, cluster_jobs)
             decisions.append(decision)
             # 5. bind, or say why not
             if decision.bound:
-                self._bind(g, decision)
+                for b in self._bind(g, decision):
+                    used[b.node] = add_pod(used.get(b.node, NodeUsage()), b.pod)
             else:
                 self._tell_all([p for p in g.pods if not p.node_name], placed=False, message=decision.message)
             self.metrics.gangs.labels(outcome="bound" if decision.bound else decision.code.value).inc()
@@ -153,7 +166,7 @@ class Scheduler:
         return decisions
 
     def _decide(self, g: Gang, nodes: dict[str, NodeView], used: dict,
-                cluster_jobs: dict[str, JobInfo] | None) -> GangDecision:
+                cluster_jobs: dict[str, JobInfo]) -> GangDecision:
         # 3. the job's spec
         try:
             gs = gang_spec(g)
@@ -186,26 +199,29 @@ class Scheduler:
         decision = assign.assign(g.job, _unbound(gs), placed, nodes, used, explain=explain + defaults)
         return decision
 
-    def _admit(self, gs: GangSpec, cluster_jobs: dict[str, JobInfo] | None) -> JobInfo:
-        """The job as the coordinator placed it: registered on its behalf now, or found registered."""
+    def _admit(self, gs: GangSpec, cluster_jobs: dict[str, JobInfo]) -> JobInfo:
+        """The job as the coordinator placed it: registered on its behalf now, or found registered.
+        `cluster_jobs` is this cycle's read of the coordinator's jobs, filled on first need."""
         name = gs.spec.name
-        if cluster_jobs is not None and name in cluster_jobs:
+        if name in self._registered and not cluster_jobs:
+            self._read_jobs(cluster_jobs)
+        if name in cluster_jobs:
             return cluster_jobs[name]
         try:
             with self.metrics.admit_seconds.time():
                 handle = self.coordinator.register_job(gs.spec, attachable=True)
-        except AlreadyExistsError:
-            found = {j.job: j for j in self.coordinator.cluster_state().jobs}.get(name)
-            if found is None:
+        except AlreadyExistsError:  # registered before (by a restarted scheduler, or before a relocation)
+            if name not in self._read_jobs(cluster_jobs):
                 raise
             self._registered.add(name)
-            return found
+            return cluster_jobs[name]
         self._registered.add(name)
         assert handle.registration is not None
         return handle.registration
 
-    def _bind(self, g: Gang, decision: GangDecision) -> None:
-        ok = 0
+    def _bind(self, g: Gang, decision: GangDecision) -> list[Binding]:
+        """Bind each pod of the decision; returns the bindings the API server took."""
+        done: list[Binding] = []
         for b in decision.bindings:
             body = {"apiVersion": "v1", "kind": "Binding",
                     "metadata": {"name": b.pod.name, "namespace": b.pod.namespace},
@@ -218,16 +234,22 @@ class Scheduler:
                 self.metrics.bindings.labels(outcome="conflict").inc()
                 log.info("binding %s to %s: %s", b.pod.key, b.node, exc)
                 continue
-            ok += 1
+            done.append(b)
             self.cache.assume(b.pod, b.node)
             self.metrics.bindings.labels(outcome="ok").inc()
             self.explainer.tell(b.pod, placed=True, message=decision.message)
         since = self._complete_since.pop((g.namespace, g.job), None)
-        if since is not None and ok == len(decision.bindings):
+        if since is not None and len(done) == len(decision.bindings):
             self.metrics.gang_latency.observe(self.clock() - since)
-        log.info("job %s: bound %d/%d pods: %s", g.job, ok, len(decision.bindings), decision.message)
+        log.info("job %s: bound %d/%d pods: %s", g.job, len(done), len(decision.bindings), decision.message)
+        return done
 
     # ------------------------------------------------------------------------------ helpers
+    def _read_jobs(self, into: dict[str, JobInfo]) -> dict[str, JobInfo]:
+        into.clear()
+        into.update((j.job, j) for j in self.coordinator.cluster_state().jobs)
+        return into
+
     def _owner_size(self, ns: str, owner: Owner, memo: dict[tuple[str, str, str], int]) -> int:
         key = (ns, owner.kind, owner.name)
         if key not in memo:

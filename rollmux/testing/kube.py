@@ -43,15 +43,18 @@ def missing() -> str:
 class ControlPlane:
     """etcd + kube-apiserver (+ kube-controller-manager) in `workdir`; `stop()` ends them all."""
 
-    def __init__(self, workdir: Path, *, controller_manager: bool = False) -> None:
+    def __init__(self, workdir: Path, *, controller_manager: bool = False,
+                 users: dict[str, tuple[str, str]] | None = None) -> None:
+        """`users`: more bearer tokens, token -> (user name, comma-separated groups), for RBAC checks."""
         self.dir = workdir
         self.with_kcm = controller_manager
+        self.users = dict(users or {})
         self.procs: list[subprocess.Popen[bytes]] = []
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{self.port}"
 
-    def client(self) -> KubeClient:
-        return KubeClient(KubeConfig(server=self.server, token=ADMIN_TOKEN, insecure=True))
+    def client(self, token: str = ADMIN_TOKEN) -> KubeClient:
+        return KubeClient(KubeConfig(server=self.server, token=token, insecure=True))
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115  (the child owns it)
@@ -63,7 +66,8 @@ class ControlPlane:
         subprocess.run(["openssl", "genrsa", "-out", str(d / "sa.key"), "2048"], check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")],
                        check=True, capture_output=True)
-        (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+        (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n' + "".join(
+            f'{token},{user},{user},"{groups}"\n' for token, (user, groups) in self.users.items()))
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self._spawn("etcd", [ETCD, "--data-dir", str(d / "etcd"), "--listen-client-urls", etcd_url,
                              "--advertise-client-urls", etcd_url,

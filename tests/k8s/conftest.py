@@ -28,6 +28,8 @@ from tests.coordinator.service.conftest import add_node, close_node_streams
 
 from .builders import node_obj
 
+SCHEDULER_USER = "system:serviceaccount:rollmux:rm-rollmux-scheduler"  # the chart's ServiceAccount (release rm)
+SCHEDULER_TOKEN = "rollmux-test-scheduler"  # a loopback test server's credential, not a secret
 FAST = ServiceConfig(lease_ttl_s=5.0, reap_interval_s=0.02, heartbeat_interval_s=0.5, relocation_deadline_s=60.0)
 _names = itertools.count()
 
@@ -37,7 +39,8 @@ def kube_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[control_pla
     why = control_plane.missing()
     if why:
         pytest.skip(f"no Kubernetes control plane: {why}")
-    plane = control_plane.ControlPlane(tmp_path_factory.mktemp("kube"), controller_manager=True).start()
+    plane = control_plane.ControlPlane(tmp_path_factory.mktemp("kube"), controller_manager=True,
+                                       users={SCHEDULER_TOKEN: (SCHEDULER_USER, "system:serviceaccounts")}).start()
     yield plane
     plane.stop()
 
@@ -50,11 +53,13 @@ def kube(kube_plane: control_plane.ControlPlane) -> KubeClient:
 class Env:
     """One test's world: its namespace, its nodes (in the API server and at the coordinator), its scheduler."""
 
-    def __init__(self, kube: KubeClient, coordinator: ThreadedServer, tag: str) -> None:
+    def __init__(self, kube: KubeClient, coordinator: ThreadedServer, tag: str,
+                 scheduler_kube: KubeClient | None = None) -> None:
         self.kube, self.tag = kube, tag
         self.ns = f"t-{tag}"
         self.client = CoordinatorClient(coordinator.address, retry_s=5.0)
-        self.scheduler = Scheduler(kube, self.client, SchedulerConfig(scheduler_name=f"rollmux-{tag}", resync_s=0.2))
+        self.scheduler = Scheduler(scheduler_kube or kube, self.client,
+                                   SchedulerConfig(scheduler_name=f"rollmux-{tag}", resync_s=0.2))
         self.thread: threading.Thread | None = None
         kube.create("/api/v1/namespaces", {"metadata": {"name": self.ns}})
 
@@ -93,10 +98,12 @@ class Env:
 
 @pytest.fixture
 def env(kube: KubeClient, request: pytest.FixtureRequest) -> Iterator[Env]:
+    """The scheduler acts with the admin token, or (marker ``as_chart_scheduler``) as the chart's ServiceAccount."""
     tag = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[-20:] + str(next(_names))
     srv = ThreadedServer(ServerOptions(config=FAST, http="127.0.0.1:0"))
     assert srv.wait_ready(10), srv.core.not_ready_reason
-    e = Env(kube, srv, tag)
+    as_chart = request.node.get_closest_marker("as_chart_scheduler") is not None
+    e = Env(kube, srv, tag, request.getfixturevalue("kube_plane").client(SCHEDULER_TOKEN) if as_chart else None)
     yield e
     e.close()
     srv.stop()
@@ -114,3 +121,7 @@ def wait_for(what: str, cond: Callable[[], Any], timeout_s: float = 20.0) -> Any
             return last
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "as_chart_scheduler: the scheduler acts as the chart's ServiceAccount")
