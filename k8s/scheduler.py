@@ -49,7 +49,7 @@ OWNER_PATHS = {  # controller kind -> API path of its collection (namespaced)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
     scheduler_name: str = SCHEDULER_NAME  # the pods' spec.schedulerName this scheduler owns
-    resync_s: float = 1.0  # a waiting gang is looked at again at least this often (the queue moves)
+    resync_s: float = 1.0  # a waiting gang is looked at again this often (the queue moves), sooner if its pods change
     watch_timeout_s: int = 60  # a watch is renewed this often
 
 
@@ -76,6 +76,9 @@ class Scheduler:
         self._registered: set[str] = set()  # jobs this scheduler registered (or found registered)
         self._complete_since: dict[tuple[str, str], float] = {}  # gang -> when it was first complete
         self._refused: dict[tuple[str, str], tuple[frozenset[str], str]] = {}  # gang -> (pod uids, why) refused
+        # a gang that waits -> (when to look at it again, its pending pods then): a cycle woken by another
+        # gang's pods skips it, so N waiting gangs do not slow every placement down
+        self._next_look: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self, timeout_s: float = 30.0) -> Scheduler:
@@ -136,8 +139,16 @@ class Scheduler:
         owner_sizes: dict[tuple[str, str, str], int] = {}
         for gone in set(self._complete_since) - set(groups):
             del self._complete_since[gone]
+        for gone in set(self._next_look) - set(groups):
+            del self._next_look[gone]
         used = usage(pods, nodes)  # kept up to date below as gangs bind
+        now = self.clock()
         for (ns, job), members in sorted(groups.items()):
+            uids = frozenset(p.uid for p in members)
+            seen = self._next_look.get((ns, job))
+            if seen is not None and seen[1] == uids and now < seen[0]:
+                continue  # it waits, and its pods did not change: looked at again after resync_s
+            self._next_look[(ns, job)] = (now + self.config.resync_s, uids)
             try:
                 g = gang.build_gang(ns, job, members + bound.get((ns, job), []),
                                     lambda n, o: self._owner_size(n, o, owner_sizes))
@@ -155,6 +166,7 @@ class Scheduler:
             decisions.append(decision)
             # 5. bind, or say why not
             if decision.bound:
+                self._next_look.pop((ns, job), None)
                 for b in self._bind(g, decision):
                     used[b.node] = add_pod(used.get(b.node, NodeUsage()), b.pod)
             else:
