@@ -139,8 +139,9 @@ class Scheduler:
         owner_sizes: dict[tuple[str, str, str], int] = {}
         for gone in set(self._complete_since) - set(groups):
             del self._complete_since[gone]
-        for gone in set(self._next_look) - set(groups):
-            del self._next_look[gone]
+        for memo in (self._next_look, self._refused):  # forget gangs that are no longer pending
+            for gone in set(memo) - set(groups):
+                del memo[gone]
         used = usage(pods, nodes)  # kept up to date below as gangs bind
         now = self.clock()
         for (ns, job), members in sorted(groups.items()):
