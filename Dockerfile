@@ -1,4 +1,4 @@
-# The RollMux image for the coordinator and the node sidecar (charts/rollmux): no torch, non-root.
+# The RollMux image for the coordinator, the node sidecar and the scheduler (charts/rollmux): no torch, non-root.
 #   docker build -t rollmux:0.1.0 .
 #   docker run --rm rollmux:0.1.0 coordinator --help
 # Jobs do not use this image: they add rollmux[verl] (or rollmux) to their own training image.
@@ -10,6 +10,7 @@ COPY coordinator/ coordinator/
 COPY sidecar/ sidecar/
 COPY sync_plugin/ sync_plugin/
 COPY adapters/ adapters/
+COPY k8s/ k8s/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm

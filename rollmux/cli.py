@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "coordinator": "rollmux.coordinator.service.cli",
     "status": "rollmux.coordinator.service.status_cli",
     "sidecar": "rollmux.sidecar.cli",
+    "scheduler": "rollmux.k8s.cli",
     "demo": "rollmux.demo.cli",
 }
 

@@ -36,4 +36,5 @@ if (( dev )) && ! command -v redis-server >/dev/null 2>&1; then
 fi
 (( dev )) && bash scripts/setup_chart.sh  # helm, kubernetes-validate, hadolint for tests/charts
 (( dev )) && bash scripts/setup_roll.sh  # .venv-roll: the real ROLL for the ROLL adapter tests
+(( dev )) && bash scripts/build_kube.sh  # kube-apiserver 1.20.2 + etcd for tests/k8s (cached outside the checkout)
 echo "[setup] done"

@@ -60,7 +60,8 @@ _HELD_POLL_S = 0.05
 """How often a per-node AdvancePermit asks again while other nodes of the permit still hold the phase
 (their release queues the next phase without a notice to this job's waiters)."""
 _REGISTERED_HOW = {Registered.NEW: "", Registered.RETRIED: " again (token rotated)",
-                   Registered.REATTACHED: " again on its new nodes after a relocation (re-attached, new token)"}
+                   Registered.REATTACHED: " again on its new nodes after a relocation (re-attached, new token)",
+                   Registered.ATTACHED: " by its driver on its placed nodes (attached, new token)"}
 
 
 def oversized(request: Any, limit: int) -> str:
@@ -327,7 +328,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         token = new_token()
         nonce = request.nonce or new_token()
         job, how = await self.core.mutate(lambda rt: rt.register_job(
-            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce), relayed_by=relayed_by))
+            spec, token_sha256=sha256_hex(token), nonce_sha256=sha256_hex(nonce), relayed_by=relayed_by,
+            attachable=request.attachable and not relayed_by))
         log.info("job registered%s", _REGISTERED_HOW[how],
                  extra={"job": spec.name, "group": job.group_id, "state": job.state.value,
                         "relayed_by": relayed_by})

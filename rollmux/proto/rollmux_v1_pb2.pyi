@@ -227,14 +227,16 @@ class NodeDown(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[NodeSnapshot, _Mapping]] = ..., granted: _Optional[_Union[PermitGranted, _Mapping]] = ..., revoked: _Optional[_Union[PermitRevoked, _Mapping]] = ..., migrate: _Optional[_Union[MigrationDirective, _Mapping]] = ..., relocate: _Optional[_Union[RelocationDirective, _Mapping]] = ...) -> None: ...
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("spec", "nonce", "relay_node")
+    __slots__ = ("spec", "nonce", "relay_node", "attachable")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     RELAY_NODE_FIELD_NUMBER: _ClassVar[int]
+    ATTACHABLE_FIELD_NUMBER: _ClassVar[int]
     spec: JobSpec
     nonce: str
     relay_node: str
-    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ..., relay_node: _Optional[str] = ...) -> None: ...
+    attachable: bool
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ..., relay_node: _Optional[str] = ..., attachable: _Optional[bool] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement", "relayed_by", "relocation", "learned_roll_s", "learned_train_s", "learned_solo_s")

@@ -137,7 +137,7 @@ class CoordinatorClient:
 
     # ---- job side --------------------------------------------------------------------------
     def register_job(self, spec: JobSpec, *, nonce: str | None = None, relay_node: str = "",
-                     token: str | None = None) -> JobClient:
+                     token: str | None = None, attachable: bool = False) -> JobClient:
         """Register a job; returns its handle (keep `handle.token` to reconnect after a crash).
 
         Args:
@@ -145,9 +145,12 @@ class CoordinatorClient:
             nonce: secret making a retry idempotent (default: a fresh random one).
             relay_node: set by a sidecar relaying a local job's registration; `token` is then its node token.
             token: overrides the client's operator token for this call.
+            attachable: registered on the job's behalf (the Kubernetes scheduler): the job's driver,
+                relayed by a sidecar of one of its placed nodes, takes the registration over once.
         """
         nonce = nonce or secrets.token_urlsafe(24)
-        req = pb.RegisterJobRequest(spec=convert.spec_to_pb(spec), nonce=nonce, relay_node=relay_node)
+        req = pb.RegisterJobRequest(spec=convert.spec_to_pb(spec), nonce=nonce, relay_node=relay_node,
+                                    attachable=attachable)
         resp = self.call("RegisterJob", req, token=token)
         job = JobClient(self, spec.name, resp.job_token, convert.job_info_from_pb(resp.status))
         job.deployment = resp.deployment or None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +97,66 @@ def test_the_status_command_in_the_notes_derives_the_operator_token(tmp_path: Pa
     secret.write_text("s3cret-from-the-chart\n")
     out = subprocess.run([sys.executable, "-c", code, str(secret)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == operator_token("s3cret-from-the-chart")
+
+
+# ------------------------------------------------------------------------------ the RollMux scheduler
+def scheduler_pods(templates: list[tuple[dict[str, Any], int]], owner: str) -> list[Any]:
+    """The pods a controller makes from `templates` (template, copies), as the scheduler reads them."""
+    from rollmux.k8s.objects import pod_view
+
+    pods = []
+    for t, copies in templates:
+        for i in range(copies):
+            meta = {**t["metadata"], "name": f"{owner}-{len(pods)}-{i}", "namespace": "rl-jobs",
+                    "uid": f"u{len(pods)}", "ownerReferences": [{"kind": owner, "name": owner, "controller": True}]}
+            pods.append(pod_view({"metadata": meta, "spec": t["spec"]}))
+    return pods
+
+
+def test_the_scheduled_verl_job_is_one_gang_the_scheduler_can_place() -> None:
+    from rollmux.k8s.gang import build_gang
+    from rollmux.k8s.objects import owner_gang_size
+    from rollmux.k8s.spec import gang_spec
+
+    (job,) = docs(EXAMPLES / "verl-grpo-scheduled-job.yaml")
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+    spec = pod_spec(job)
+    assert spec["schedulerName"] == VALUES["scheduler"]["name"]
+    size = owner_gang_size("Job", job)
+    pods = scheduler_pods([(job["spec"]["template"], size)], "job")
+    gs = gang_spec(build_gang("rl-jobs", pods[0].job, pods, lambda ns, o: size))
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus, gs.spec.deployment.value) == (8, 8, "colocated-train")
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "Ignore" and rule["onExitCodes"]["values"] == [75]  # relocation restarts it
+
+
+def test_the_rayjob_is_one_gang_of_head_and_workers_over_both_pools() -> None:
+    from rollmux.core.model import Pool
+    from rollmux.k8s.gang import build_gang
+    from rollmux.k8s.objects import owner_gang_size
+    from rollmux.k8s.spec import gang_spec
+
+    (rayjob,) = docs(EXAMPLES / "verl-grpo-rayjob.yaml")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    size = owner_gang_size("RayJob", rayjob)
+    templates = [(cluster["headGroupSpec"]["template"], 1),
+                 *((g["template"], g["replicas"]) for g in cluster["workerGroupSpecs"])]
+    pods = scheduler_pods(templates, "ray")
+    assert size == len(pods) == 3
+    for t, _ in templates:
+        assert t["spec"]["schedulerName"] == VALUES["scheduler"]["name"]
+        assert t["spec"]["nodeSelector"]["rollmux.io/pool"] == t["metadata"]["labels"]["rollmux.io/pool"]
+    gs = gang_spec(build_gang("rl-jobs", pods[0].job, pods, lambda ns, o: size))
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 8)
+    assert sorted(pool.value for _, pool in gs.pools) == [Pool.ROLLOUT.value, Pool.TRAIN.value, Pool.TRAIN.value]
+
+
+def test_notes_name_only_files_that_exist() -> None:
+    text = (CHART / "templates" / "NOTES.txt").read_text()  # every branch, whatever the values
+    paths = set(re.findall(r"\b((?:charts/rollmux/)?(?:examples|files|docs)/[\w./-]+\.(?:yaml|json|md))", text))
+    assert paths, "NOTES.txt names no file: the test looks for examples/, files/ and docs/ paths"
+    root = CHART.parents[1]
+    for p in paths:
+        where = root / p if p.startswith(("charts/", "docs/")) else CHART / p
+        assert where.exists(), f"NOTES.txt names {p}, which does not exist"

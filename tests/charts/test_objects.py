@@ -74,7 +74,8 @@ def test_nothing_runs_as_root_except_the_socket_dir_init_with_two_capabilities(v
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["runAsUser"] > 0
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        assert spec.get("automountServiceAccountToken") is False
+        # only the scheduler talks to the API server (with its own ServiceAccount)
+        assert spec.get("automountServiceAccountToken") is (spec.get("serviceAccountName") == name("scheduler"))
         for c in containers(w):
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, c["name"]
@@ -250,6 +251,10 @@ def test_servicemonitor_and_prometheusrule_fields() -> None:
         assert f'job="{name("coordinator")}"' in a["expr"]  # the ServiceMonitor's job label: the Service name
 
 
+def coordinator_labels(r: Rendered) -> dict[str, str]:
+    return r.one("Deployment", name("coordinator"))["spec"]["template"]["metadata"]["labels"]
+
+
 def test_network_policies_admit_only_sidecars_and_operators_to_grpc_and_only_the_coordinator_to_redis() -> None:
     r = render(ci_values("everything"), sets=("redis.enabled=true",))
     coord = r.one("NetworkPolicy", name("coordinator"))
@@ -258,7 +263,9 @@ def test_network_policies_admit_only_sidecars_and_operators_to_grpc_and_only_the
     peers = [p["podSelector"]["matchLabels"] for p in grpc_rule["from"]]
     sidecars = [pod_spec(ds)["containers"] and ds["spec"]["template"]["metadata"]["labels"] for ds in r.of("DaemonSet")]
     assert all(subset(peers[0], labels) for labels in sidecars)
-    assert peers[1] == {"rollmux.io/operator": "true"}
+    scheduler = r.one("Deployment", name("scheduler"))["spec"]["template"]["metadata"]["labels"]
+    assert subset(peers[1], scheduler) and not subset(peers[1], coordinator_labels(r))
+    assert peers[2] == {"rollmux.io/operator": "true"}
     coordinator = r.one("Deployment", name("coordinator"))["spec"]["template"]["metadata"]["labels"]
     assert not subset(peers[0], coordinator) and not subset(peers[0], r.one("StatefulSet", name("redis"))[
         "spec"]["template"]["metadata"]["labels"])

@@ -10,16 +10,17 @@ import pytest
 
 from .conftest import CHART, CI_VALUES, CRD_KINDS, K8S_VERSIONS, ci_values, helm, name, render
 
+SCHEDULER_RBAC = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")  # the scheduler's identity and rights
 EXPECTED_KINDS = {
-    "defaults": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet"},
-    "external-redis": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet"},
-    "external-redis-secret": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet"},
-    "tls": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet"},
-    "standby": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet"},
-    "time-slicing": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet"},
-    "rollout-only": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet"},
+    "defaults": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", *SCHEDULER_RBAC},
+    "external-redis": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", *SCHEDULER_RBAC},
+    "external-redis-secret": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", *SCHEDULER_RBAC},
+    "tls": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", *SCHEDULER_RBAC},
+    "standby": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", *SCHEDULER_RBAC},
+    "time-slicing": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", *SCHEDULER_RBAC},
+    "rollout-only": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", *SCHEDULER_RBAC},
     "everything": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", "ServiceMonitor",
-                   "PrometheusRule", "NetworkPolicy"},
+                   "PrometheusRule", "NetworkPolicy", *SCHEDULER_RBAC},
 }
 
 

@@ -47,6 +47,7 @@ class Registered(str, Enum):
     NEW = "new"  # a job not registered before
     RETRIED = "retried"  # the same nonce again (a retry whose answer was lost): the token is replaced
     REATTACHED = "reattached"  # a self-registered job restarted on its new nodes after a switch: new token
+    ATTACHED = "attached"  # the driver of a job registered on its behalf (attachable) took it over: new token
 
 
 class Admission:
@@ -62,10 +63,11 @@ class Admission:
 
     # ------------------------------------------------------------------------------ registration
     def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
-                     relayed_by: str = "") -> tuple[JobRecord, Registered]:
+                     relayed_by: str = "", attachable: bool = False) -> tuple[JobRecord, Registered]:
         """Register a resolved job spec; returns the record and how it was registered: NEW, RETRIED
-        (the same nonce again: its token is replaced by the new one) or REATTACHED (a self-registered
-        job restarted on its new nodes after a relocation, `Directives.reattach_refusal`).
+        (the same nonce again: its token is replaced by the new one), REATTACHED (a self-registered
+        job restarted on its new nodes after a relocation, `Directives.reattach_refusal`) or ATTACHED
+        (the driver of a job registered `attachable` on its behalf, relayed by a node of its placement).
         `relayed_by` names the node whose sidecar relayed the registration.
 
         Raises:
@@ -85,6 +87,10 @@ class Admission:
                      "or retry with the nonce of the first registration")
             if not relayed_by:
                 raise AlreadyExistsError(taken)
+            if existing.attachable:
+                self._attach(existing, spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
+                             node_id=relayed_by)
+                return existing, Registered.ATTACHED
             refusal = self.directives.reattach_refusal(existing, relayed_by)
             if refusal is not None:
                 raise AlreadyExistsError(f"{taken} (node {relayed_by!r} may not re-attach it: {refusal})")
@@ -92,7 +98,7 @@ class Admission:
             return existing, Registered.REATTACHED
         self._check_can_ever_fit(spec)
         job = JobRecord(name=spec.name, spec=spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
-                        seq=state.next_seq(), relayed_by=relayed_by)
+                        seq=state.next_seq(), relayed_by=relayed_by, attachable=attachable)
         if spec.deployment is not None:  # a fixed mode is known (and returned) before admission
             job.deployment = spec.deployment.value
         state.jobs[spec.name] = job
@@ -100,7 +106,24 @@ class Admission:
         self.try_admit()
         return job, Registered.NEW
 
-    def _reattach(self, job: JobRecord, spec: JobSpec, *, token_sha256: str, nonce_sha256: str, node_id: str) -> None:
+    def _attach(self, job: JobRecord, spec: JobSpec, *, token_sha256: str, nonce_sha256: str, node_id: str) -> None:
+        """The driver of a job registered on its behalf takes the registration over (once), relayed
+        by a node the job is placed on: its pods were bound there, so I4 holds by construction.
+
+        Raises:
+            AlreadyExistsError: the job is not admitted yet, or `node_id` is not one of its nodes.
+            FailedPreconditionError: `spec` differs from the registered spec in its shape.
+        """
+        nodes = self.state.job_nodes(job) if job.state is JobState.ADMITTED else ()
+        if node_id not in nodes:
+            raise AlreadyExistsError(f"job {job.name!r} is registered on its behalf and placed on "
+                                     f"{', '.join(nodes) or 'no nodes yet'}: node {node_id!r} may not attach it")
+        self._reattach(job, spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256, node_id=node_id,
+                       directed=False)
+        job.attachable = False
+
+    def _reattach(self, job: JobRecord, spec: JobSpec, *, token_sha256: str, nonce_sha256: str, node_id: str,
+                  directed: bool = True) -> None:
         """Give `job` a new token and nonce, recording the relaying node, and mark its directive
         re-attached; the job keeps its name, group, next phase and iteration. Validates first.
 
@@ -117,7 +140,8 @@ class Admission:
         job.history.append((job.state.value, job.state.value, round(self.state.wall(), 3),
                             f"re-attached through node {node_id}'s sidecar (new token)"))
         self.state.touch(f"job/{job.name}", job)
-        self.directives.reattached(job.name, node_id)
+        if directed:
+            self.directives.reattached(job.name, node_id)
 
     def _check_can_ever_fit(self, spec: JobSpec) -> None:
         cluster, limit = self.state.cluster, self.state.config.max_nodes_per_job

@@ -180,9 +180,9 @@ class Runtime:
 
     # -------------------------------------------------------------------------------------- jobs
     def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
-                     relayed_by: str = "") -> tuple[JobRecord, Registered]:
+                     relayed_by: str = "", attachable: bool = False) -> tuple[JobRecord, Registered]:
         return self.admission.register_job(spec, token_sha256=token_sha256, nonce_sha256=nonce_sha256,
-                                           relayed_by=relayed_by)
+                                           relayed_by=relayed_by, attachable=attachable)
 
     def try_admit(self) -> list[str]:
         return self.admission.try_admit()

@@ -97,6 +97,9 @@ class JobRecord:
     relayed_by: str = ""  # node whose sidecar relayed the registration ("" = registered directly)
     attach_nodes: tuple[str, ...] = ()  # nodes whose sidecar reported a rank of the job attached (I4)
     moves: int = 0  # relocations between groups so far
+    # registered on the job's behalf (the Kubernetes scheduler): its driver's relayed registration through
+    # a node of its placement attaches to it once (then False)
+    attachable: bool = False
     history: list = field(default_factory=list)
 
     def describe(self) -> str:
@@ -108,7 +111,7 @@ class JobRecord:
                       "group_id": self.group_id, "rollout_nodes": list(self.rollout_nodes),
                       "placement": self.placement, "deployment": self.deployment,
                       "relayed_by": self.relayed_by, "attach_nodes": list(self.attach_nodes), "moves": self.moves,
-                      "history": self.history})
+                      "attachable": self.attachable, "history": self.history})
 
     @classmethod
     def from_json(cls, raw: str) -> JobRecord:

@@ -1,0 +1,1 @@
+"""The RollMux Kubernetes scheduler: binds opted-in job pods to the nodes the coordinator's policy chose."""

@@ -1,0 +1,237 @@
+"""The scheduler's pure core: node filter, gangs, specs from annotations, assignment (no API server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollmux.core.model import Deployment, Pool
+from rollmux.k8s import nodefilter
+from rollmux.k8s.api import Code, Gang, NodeUsage, SchedulerError
+from rollmux.k8s.assign import assign, never_fits
+from rollmux.k8s.gang import build_gang, group_pending
+from rollmux.k8s.objects import node_view, owner_gang_size, pod_view
+from rollmux.k8s.spec import gang_spec
+
+from .builders import node_obj, pod_obj
+
+
+def pod(name: str, job: str | None = "a", **kw):  # type: ignore[no-untyped-def]
+    return pod_view(pod_obj(name, job, uid=f"uid-{name}", **kw))
+
+
+def node(name: str, pool: str = "train", **kw):  # type: ignore[no-untyped-def]
+    return node_view(node_obj(name, pool, **kw))
+
+
+def no_owner(ns, owner):  # type: ignore[no-untyped-def]
+    raise AssertionError("the owner is not asked when the annotation gives the size")
+
+
+# ---------------------------------------------------------------------------------------- node filter
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(("node_kw", "pod_kw", "used", "expected"), [
+    ({}, {}, NodeUsage(), []),
+    ({"ready": False}, {}, NodeUsage(), [nodefilter.NOT_READY]),
+    ({"unschedulable": True}, {}, NodeUsage(), [nodefilter.UNSCHEDULABLE]),
+    ({"unschedulable": True}, {"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]},
+     NodeUsage(), []),
+    ({"taints": [GPU_TAINT]}, {}, NodeUsage(),
+     ["node(s) had taint {nvidia.com/gpu: present}, that the pod didn't tolerate"]),
+    ({"taints": [GPU_TAINT]}, {"tolerations": [{"key": "nvidia.com/gpu", "value": "present"}]}, NodeUsage(), []),
+    ({"taints": [GPU_TAINT]}, {"tolerations": [{"key": "nvidia.com/gpu", "value": "absent"}]}, NodeUsage(),
+     ["node(s) had taint {nvidia.com/gpu: present}, that the pod didn't tolerate"]),
+    ({"taints": [GPU_TAINT]}, {"tolerations": [{"operator": "Exists"}]}, NodeUsage(), []),
+    ({"taints": [{"key": "soft", "effect": "PreferNoSchedule"}]}, {}, NodeUsage(), []),
+    ({"taints": [NOT_READY_TAINT]}, {"tolerations": [{"key": "node.kubernetes.io/not-ready",
+                                                      "operator": "Exists", "effect": "NoExecute"}]},
+     NodeUsage(), ["node(s) had taint {node.kubernetes.io/not-ready: }, that the pod didn't tolerate"]),
+    ({}, {}, NodeUsage(gpus=4, pods=1, jobs=frozenset({"b"})), [nodefilter.INSUFFICIENT_GPU, nodefilter.REPLICAS]),
+    ({}, {}, NodeUsage(gpus=4, pods=1, jobs=frozenset({"a"})), [nodefilter.INSUFFICIENT_GPU]),
+    ({"replicas": 2}, {}, NodeUsage(gpus=8, pods=1, jobs=frozenset({"b"})), []),
+    ({"replicas": 2}, {}, NodeUsage(gpus=8, pods=2, jobs=frozenset({"b", "c"})), [nodefilter.REPLICAS]),
+    ({"replicas": 3}, {}, NodeUsage(gpus=16, pods=2, jobs=frozenset({"b", "c"})), []),
+    ({"replicas": 3}, {}, NodeUsage(gpus=16, pods=3, jobs=frozenset({"b", "c", "d"})), [nodefilter.REPLICAS]),
+], ids=["fits", "not-ready", "cordoned", "cordon-tolerated", "taint", "taint-tolerated", "taint-other-value",
+        "tolerate-all", "prefer-no-schedule-ignored", "wrong-effect", "gpus-taken", "gpus-taken-by-itself", "time-sliced-second-job",
+        "time-sliced-full", "three-replicas", "replicas-count-jobs"])
+def test_node_filter_says_what_kube_scheduler_would(node_kw, pod_kw, used, expected) -> None:  # type: ignore[no-untyped-def]
+    assert nodefilter.reasons(pod("p", **pod_kw), node("n", **node_kw), used) == expected
+
+
+def test_node_selector_must_match() -> None:
+    p = pod_view({**pod_obj("p", "a"), "spec": {**pod_obj("p", "a")["spec"],
+                                                   "nodeSelector": {"rollmux.io/pool": "rollout"}}})
+    assert nodefilter.reasons(p, node("t0", "train"), NodeUsage()) == [nodefilter.SELECTOR]
+    assert nodefilter.reasons(p, node("r0", "rollout"), NodeUsage()) == []
+    assert p.pool is Pool.ROLLOUT  # the pool comes from the selector too
+
+
+def test_fit_message_has_kube_scheduler_form() -> None:
+    msg = nodefilter.fit_message(3, [nodefilter.NOT_READY, nodefilter.INSUFFICIENT_GPU, nodefilter.NOT_READY])
+    assert msg == "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) were not ready."
+    assert "no nodes available" in nodefilter.fit_message(0, [])
+
+
+# ---------------------------------------------------------------------------------------- gangs
+def test_pods_group_per_job_and_bad_names_are_set_apart() -> None:
+    groups, bad = group_pending([pod("a-0"), pod("a-1"), pod("b-0", "b"), pod("x", None), pod("y", "no/slash")])
+    assert {k: [p.name for p in v] for k, v in groups.items()} == {("default", "a"): ["a-0", "a-1"],
+                                                                   ("default", "b"): ["b-0"]}
+    assert [(p.name, "rollmux.io/job" in why) for p, why in bad] == [("x", True), ("y", True)]
+
+
+@pytest.mark.parametrize(("kind", "obj", "size"), [
+    ("Job", {"spec": {"parallelism": 3}}, 3),
+    ("Job", {"spec": {}}, 1),
+    ("Job", {"spec": {"parallelism": 4, "completions": 4}, "status": {"succeeded": 3}}, 1),
+    ("RayCluster", {"spec": {"workerGroupSpecs": [{"replicas": 2}, {"replicas": 1, "numOfHosts": 2}]}}, 5),
+    ("RayCluster", {"spec": {"workerGroupSpecs": [{"replicas": 0, "minReplicas": 2, "maxReplicas": 4}]}}, 3),
+    ("RayCluster", {"spec": {"suspend": True, "workerGroupSpecs": [{"replicas": 2}]}}, 0),
+    ("RayJob", {"spec": {"rayClusterSpec": {"workerGroupSpecs": [{"replicas": 1}]}}}, 2),
+], ids=["job-parallelism", "job-default", "job-completions-left", "raycluster", "raycluster-min", "suspended",
+        "rayjob"])
+def test_gang_size_from_the_owner(kind, obj, size) -> None:  # type: ignore[no-untyped-def]
+    assert owner_gang_size(kind, obj) == size
+
+
+def test_gang_size_annotation_wins_and_must_parse() -> None:
+    g = build_gang("default", "a", [pod("a-1", annotations={"rollmux.io/gang-size": "2"})], no_owner)
+    assert (g.size, g.complete) == (2, False)
+    for raw in ("two", "0", "-1"):
+        with pytest.raises(SchedulerError, match="gang-size") as exc:
+            build_gang("default", "a", [pod("a-1", annotations={"rollmux.io/gang-size": raw})], no_owner)
+        assert exc.value.reason is Code.BAD_INPUT
+    with pytest.raises(SchedulerError, match="disagree"):
+        build_gang("default", "a", [pod("a-0", annotations={"rollmux.io/gang-size": "2"}),
+                                    pod("a-1", annotations={"rollmux.io/gang-size": "3"})], no_owner)
+    with pytest.raises(SchedulerError, match="no single controller"):
+        build_gang("default", "a", [pod("a-0")], no_owner)
+    sized = build_gang("default", "a", [pod("a-0", owner=("Job", "a"))], lambda ns, o: 2 if o.kind == "Job" else 0)
+    assert sized.size == 2
+
+
+# ---------------------------------------------------------------------------------------- specs
+def gang_of(*pods):  # type: ignore[no-untyped-def]
+    return Gang(namespace="default", job=pods[0].job, pods=tuple(pods), size=len(pods))
+
+
+def test_spec_from_annotations_and_gpu_requests() -> None:
+    ann = {"rollmux.io/slo": "1.5", "rollmux.io/t-roll-s": "30", "rollmux.io/t-train-s": "20",
+           "rollmux.io/model-params-b": "7", "rollmux.io/max-tokens": "4096",
+           "rollmux.io/deployment": "disaggregated", "rollmux.io/gang-size": "3"}
+    gs = gang_spec(gang_of(pod("a-0", pool="rollout", annotations=ann), pod("a-1", pool="train", annotations=ann),
+                           pod("a-2", pool="train", gpus=4, annotations=ann)))
+    s = gs.spec
+    assert (s.name, s.n_rollout_gpus, s.n_train_gpus, s.slo, s.t_roll_s, s.t_train_s, s.max_tokens,
+            s.deployment) == ("a", 8, 12, 1.5, 30.0, 20.0, 4096, Deployment.DISAGGREGATED)
+    assert gs.defaults == ()
+    assert [(p.name, pool) for p, pool in gs.pools] == [("a-0", Pool.ROLLOUT), ("a-1", Pool.TRAIN),
+                                                         ("a-2", Pool.TRAIN)]
+
+
+def test_missing_annotations_are_left_to_the_profiler_and_named() -> None:
+    gs = gang_spec(gang_of(pod("a-0", pool="rollout"), pod("a-1", pool="train")))
+    assert gs.spec.t_roll_s is None and gs.spec.slo == 1.2
+    assert gs.defaults == ("slo", "t_roll_s", "t_train_s", "model_params_b", "max_tokens")
+
+
+def test_unlabelled_pods_fill_rollout_then_training_by_the_gpu_annotations() -> None:
+    ann = {"rollmux.io/rollout-gpus": "8", "rollmux.io/train-gpus": "16"}
+    gs = gang_spec(gang_of(*(pod(f"a-{i}", annotations=ann) for i in range(3))))
+    assert [pool for _, pool in gs.pools] == [Pool.ROLLOUT, Pool.TRAIN, Pool.TRAIN]
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 16)
+
+
+@pytest.mark.parametrize(("pods", "match"), [
+    ([{"annotations": {"rollmux.io/slo": "fast"}}], "does not parse"),
+    ([{"annotations": {"rollmux.io/slo": "0.5"}}], "slo"),
+    ([{"annotations": {"rollmux.io/deployment": "sideways"}}], "deployment"),
+    ([{"annotations": {"rollmux.io/rollout-gpus": "eight"}}], "whole number"),
+    ([{"annotations": {"rollmux.io/slo": "2"}}, {"annotations": {"rollmux.io/slo": "3"}}], "different"),
+    ([{"annotations": {"rollmux.io/rollout-gpus": "8", "rollmux.io/train-gpus": "16"}}], "ask for 8 and 16"),
+    ([{"gpus": 0}, {"gpus": 0}], "requests nvidia.com/gpu"),
+], ids=["slo-text", "slo-range", "deployment", "gpu-count", "pods-disagree", "gpus-do-not-add-up", "no-gpus"])
+def test_bad_annotations_are_bad_input(pods, match) -> None:  # type: ignore[no-untyped-def]
+    views = [pod(f"a-{i}", pool="rollout" if i == 0 else "train", **kw) for i, kw in enumerate(pods)]
+    if len(views) == 1:
+        views.append(pod("a-9", pool="train", annotations=pods[0].get("annotations")))
+    with pytest.raises(SchedulerError, match=match) as exc:
+        gang_spec(gang_of(*views))
+    assert exc.value.reason is Code.BAD_INPUT
+
+
+def test_a_gpu_request_that_is_not_whole_does_not_parse() -> None:
+    with pytest.raises(SchedulerError, match="not a whole number"):
+        pod("a-0", gpu_raw="1.5")
+
+
+# ---------------------------------------------------------------------------------------- assignment
+NODES = {n.name: n for n in (node("t0"), node("t1"), node("r0", "rollout"), node("r1", "rollout"))}
+PLACED = {Pool.ROLLOUT: ("r1",), Pool.TRAIN: ("t0", "t1")}
+
+
+def test_each_pod_binds_to_a_node_of_its_pool_in_the_placement() -> None:
+    pools = [(pod("a-0"), Pool.ROLLOUT), (pod("a-1"), Pool.TRAIN), (pod("a-2"), Pool.TRAIN)]
+    d = assign("a", pools, PLACED, NODES, {}, explain="placed")
+    assert [(b.pod.name, b.node) for b in d.bindings] == [("a-0", "r1"), ("a-1", "t0"), ("a-2", "t1")]
+
+
+def test_a_gang_reserves_as_it_goes_and_binds_all_or_nothing() -> None:
+    pools = [(pod("a-0"), Pool.ROLLOUT), (pod("a-1"), Pool.ROLLOUT)]  # two 8-GPU pods, one 8-GPU node
+    d = assign("a", pools, PLACED, NODES, {}, explain="placed in g0")
+    assert not d.bound and d.code is Code.UNSCHEDULABLE
+    assert "pod a-1 fits none of its rollout nodes (r1)" in d.message
+    assert "1 Insufficient nvidia.com/gpu" in d.message
+
+
+def test_small_pods_of_one_job_share_a_node_within_its_physical_gpus() -> None:
+    pools = [(pod(f"a-{i}", gpus=4), Pool.TRAIN) for i in range(4)]
+    d = assign("a", pools, {Pool.TRAIN: ("t0", "t1")}, NODES, {}, explain="placed")
+    assert [b.node for b in d.bindings] == ["t0", "t1", "t0", "t1"]
+
+
+def test_time_slicing_lets_a_second_job_share_a_node() -> None:
+    nodes = {"t0": node("t0", replicas=2)}
+    used = {"t0": NodeUsage(gpus=8, pods=1, jobs=frozenset({"b"}))}
+    assert assign("a", [(pod("a-0"), Pool.TRAIN)], {Pool.TRAIN: ("t0",)}, nodes, used, explain="x").bound
+    used = {"t0": NodeUsage(gpus=8, pods=1, jobs=frozenset({"b"}))}
+    unsliced = {"t0": node("t0")}
+    assert not assign("a", [(pod("a-0"), Pool.TRAIN)], {Pool.TRAIN: ("t0",)}, unsliced, used, explain="x").bound
+
+
+def test_a_cordoned_or_missing_node_keeps_the_gang_waiting() -> None:
+    nodes = {**NODES, "t0": node("t0", unschedulable=True)}
+    d = assign("a", [(pod("a-0"), Pool.TRAIN)], {Pool.TRAIN: ("t0",)}, nodes, {}, explain="x")
+    assert "1 node(s) were unschedulable" in d.message
+    d = assign("a", [(pod("a-0"), Pool.TRAIN)], {Pool.TRAIN: ("t9",)}, NODES, {}, explain="x")
+    assert "1 node(s) not found" in d.message
+
+
+def test_a_colocated_job_runs_its_rollout_pods_on_its_training_nodes() -> None:
+    d = assign("a", [(pod("a-0"), Pool.ROLLOUT)], {Pool.ROLLOUT: (), Pool.TRAIN: ("t1",)}, NODES, {}, explain="x")
+    assert [b.node for b in d.bindings] == ["t1"]
+
+
+def test_a_pod_bigger_than_every_node_of_its_pool_never_fits() -> None:
+    assert never_fits([(pod("a-0"), Pool.TRAIN)], NODES) == ""
+    why = never_fits([(pod("a-0", gpus=16), Pool.TRAIN)], NODES)
+    assert "requests 16 nvidia.com/gpu but the largest train node has 8 GPUs" in why
+
+
+def test_a_colocated_job_asks_for_its_gpus_in_both_phases_on_one_pool() -> None:
+    ann = {"rollmux.io/deployment": "colocated-train"}
+    gs = gang_spec(gang_of(pod("a-0", annotations=ann), pod("a-1", annotations=ann)))
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (16, 16)
+    assert {pool for _, pool in gs.pools} == {Pool.TRAIN}
+
+
+def test_a_pod_without_gpus_goes_with_training() -> None:
+    ann = {"rollmux.io/rollout-gpus": "8"}
+    gs = gang_spec(gang_of(pod("a-head", gpus=0, annotations=ann), pod("a-w0", annotations=ann),
+                           pod("a-w1", annotations=ann)))
+    assert [(p.name, pool) for p, pool in gs.pools] == [("a-head", Pool.TRAIN), ("a-w0", Pool.ROLLOUT),
+                                                         ("a-w1", Pool.TRAIN)]
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 8)
