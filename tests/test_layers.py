@@ -224,3 +224,12 @@ def test_the_layering_check_finds_an_upward_import(tmp_path: Path) -> None:
     assert (imp.importer, imp.imported) == ("rollmux.wire.fake", "rollmux.sidecar.agent")
     assert (FLOORS[floor_of(imp.importer)][0], FLOORS[floor_of(imp.imported)][0]) == \
         ("wire", "service, simulator, sidecar")
+
+
+def test_every_package_folder_ships_in_the_wheel() -> None:
+    """pyproject lists packages by hand (the folders map into ``rollmux.*``): a folder missing from the list
+    imports in the checkout but not from an installed wheel."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    folders = {name.removesuffix(".__init__") for name in modules() if name.endswith(".__init__")}
+    assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"

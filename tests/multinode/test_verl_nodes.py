@@ -9,7 +9,7 @@ What the run shows (docs: DESIGN.md "Where a job runs"):
 * each node's permit is granted and released on that node's own sidecar, every phase;
 * no rollout request is served on a node outside a rollout permit held there;
 * I1 for this layout: the permit's nodes are the nodes the ranks attached on;
-* the job's per-step metrics equal its solo run's;
+* the job's first-step metrics equal its solo run's, and every step's rollout ran on the latest weights;
 * mutual exclusion between the two jobs on each node;
 * the memory check (sidecars read per-PID GPU bytes from the named stand-in provider, ``--gpu-memory-standin``):
   a side rank that keeps memory holds its own node until it frees it, or until the wait ends (the event
@@ -284,18 +284,29 @@ def test_rollout_requests_run_only_inside_a_rollout_permit_on_their_node(runs: d
     assert not outside, f"generate calls outside a rollout permit on their node: {outside[:5]}"
 
 
-def test_per_step_metrics_equal_the_solo_run(runs: dict[str, Any]) -> None:
+ON_POLICY_PROBS_DIFF_MAX = 1e-3
+"""Rollout log-probs against the trainer's for the same tokens: float noise is ~1e-4; a rollout on weights one
+update behind (lr 1e-2) is far above."""
+
+
+def test_first_step_metrics_equal_the_solo_run_and_every_step_is_on_policy(runs: dict[str, Any]) -> None:
+    """Step 1 of the multiplexed run equals the solo run's. Step 2 is checked for on-policy order only: with
+    two FSDP ranks on CPU the same job's gradient varies from run to run in the fifth digit (solo runs
+    too: ``actor/grad_norm`` 0.2718724-0.2718852 over six runs), and the tiny model's greedy decoding turns
+    that into other step-2 tokens now and then, so step 2 of two runs is not comparable; the single-node
+    test (``tests/adapters/verl/test_multiplex.py``) compares every step."""
     from job import step_metrics
 
     alone, muxed = step_metrics(runs["solo"]["log"]), step_metrics(runs["mux"]["log"])
     assert sorted(alone) == sorted(muxed) == [1, 2]
-    for step in alone:
-        keys = [k for k in alone[step] if k in KEYS or (k.startswith("actor/") and not k.startswith("actor/perf"))]
-        assert {"critic/score/mean", "training/rollout_probs_diff_max"} <= set(keys), keys
-        for key in keys:
-            assert math.isclose(alone[step][key], muxed[step][key], rel_tol=1e-3,
-                                abs_tol=NOISE_KEYS_ABS_TOL.get(key, 1e-6)), (step, key, alone[step][key],
-                                                                              muxed[step][key])
+    keys = [k for k in alone[1] if k in KEYS or (k.startswith("actor/") and not k.startswith("actor/perf"))]
+    assert {"critic/score/mean", "training/rollout_probs_diff_max"} <= set(keys), keys
+    for key in keys:
+        assert math.isclose(alone[1][key], muxed[1][key], rel_tol=1e-3,
+                            abs_tol=NOISE_KEYS_ABS_TOL.get(key, 1e-6)), (1, key, alone[1][key], muxed[1][key])
+    for run, metrics in (("solo", alone), ("mux", muxed)):
+        for step in (1, 2):
+            assert metrics[step]["training/rollout_probs_diff_max"] <= ON_POLICY_PROBS_DIFF_MAX, (run, step)
 
 
 # ------------------------------------------------------------------------------ the side job beside it
