@@ -8,7 +8,8 @@ Permit flow for one job on one node::
     rank B Release(epoch)      -- last one leads: memory check of the job's local pids, then
                                   JobClient.release(duration = longest rank's) ; both return
 
-The memory check reads each local rank's GPU bytes (NVML, or its stand-in on a CPU machine) and waits
+The memory check reads the GPU bytes of each local rank and of every process below one (an inference
+engine's workers; NVML, or its stand-in on a CPU machine) and waits
 until every process holds at most ``gpu_mem_limit_bytes`` (about its CUDA context: see
 ``rollmux.sidecar.gpu``), at most ``memory_wait_s``; a process still above it then is reported by PID
 and bytes in a ``gpu_memory_not_freed`` event, and the node is released anyway.
@@ -36,6 +37,7 @@ from rollmux.sidecar.api import (
     SidecarUnreachableError,
 )
 from rollmux.sidecar.gpu import GpuProvider, holders_over
+from rollmux.sidecar.proctree import with_descendants
 from rollmux.wire.client import CoordinatorClient
 from rollmux.wire.errors import FailedPreconditionError, PermitTimeoutError, ServiceError
 
@@ -195,29 +197,34 @@ class PermitRelay:
         return True, nxt_phase.value, nxt_it
 
     def _wait_gpu_memory(self, job: str, pids: list[int]) -> dict[int, int] | None:
-        """Wait (bounded) until each of the job's local processes holds at most the per-process limit.
+        """Wait (bounded) until each of the job's local processes, its ranks and every process below them
+        (an inference engine's workers, ``rollmux.sidecar.proctree``), holds at most the per-process limit.
 
         Returns:
-            The last per-PID reading (None: the provider cannot tell, and the check is skipped).
+            The last per-PID reading: every rank, and each process below one that holds memory (None: the
+            provider cannot tell, and the check is skipped).
         """
         limit, wait_s = self.config.gpu_mem_limit_bytes, self.config.memory_wait_s
         start = time.monotonic()
         while True:
-            used = self.gpu.process_memory(pids)
+            owner = with_descendants(pids)  # re-read each time: an engine may start or stop workers
+            used = self.gpu.process_memory(list(owner))
             if used is None:
                 return None
             over = holders_over(used, limit)
             if not over:
-                return used
+                return _reading(used, pids)
             waited = time.monotonic() - start
             if waited > wait_s:
                 for h in over:
-                    log.warning("job %s: pid %d still holds %d GPU bytes (limit %d per process) after %.1fs on "
-                                "node %s; releasing the node anyway", job, h.pid, h.used_bytes, limit, waited,
+                    rank_pid = owner.get(h.pid, h.pid)
+                    below = "" if rank_pid == h.pid else f" (a process under rank pid {rank_pid})"
+                    log.warning("job %s: pid %d%s still holds %d GPU bytes (limit %d per process) after %.1fs on "
+                                "node %s; releasing the node anyway", job, h.pid, below, h.used_bytes, limit, waited,
                                 self.config.node_id)
-                    self._record("gpu_memory_not_freed", job=job, pid=h.pid, used_bytes=h.used_bytes,
-                                 limit_bytes=limit, waited_s=round(waited, 3))
-                return used
+                    self._record("gpu_memory_not_freed", job=job, pid=h.pid, rank_pid=rank_pid,
+                                 used_bytes=h.used_bytes, limit_bytes=limit, waited_s=round(waited, 3))
+                return _reading(used, pids)
             time.sleep(0.05)
 
     def progress(self, rank_id: str, epoch: int, finished: int, total: int, *, conn: str = "") -> Migration | None:
@@ -228,6 +235,11 @@ class PermitRelay:
         if permit is None or permit.epoch != epoch:
             return None
         return job.client.report_progress(permit, finished, total)
+
+
+def _reading(used: dict[int, int], ranks: list[int]) -> dict[int, int]:
+    """What the release reports: every rank's bytes, and those of each process below a rank that holds any."""
+    return {p: b for p, b in used.items() if b or p in ranks}
 
 
 __all__ = ["PermitRelay"]

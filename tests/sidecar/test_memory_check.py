@@ -188,3 +188,37 @@ def test_memory_still_held_when_the_wait_ends_is_reported_by_pid_and_the_node_re
     assert event["pid"] == pid and event["used_bytes"] == 2 << 30
     assert event["limit_bytes"] == DEFAULT_PROCESS_LIMIT_BYTES and event["waited_s"] >= 1.0
     wait_for(lambda: holder(coordinator, "r0") == "", "the node to be released after the wait")
+
+
+RANK_WITH_AN_ENGINE_CHILD = r"""
+import os, subprocess, sys, time, rollmux
+from rollmux.sidecar.gpu import write_standin_bytes
+# The child stands in for an inference engine's worker process (vLLM's EngineCore): it is not a rank
+# and holds the GPU memory itself, past the end of the phase.
+ENGINE = "import os, sys, time; from rollmux.sidecar.gpu import write_standin_bytes; " \
+         "write_standin_bytes(sys.argv[1], os.getpid(), 4 << 30); print(os.getpid(), flush=True); time.sleep(60)"
+rollmux.init()
+with rollmux.phase("rollout", iteration=0):
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, sys.argv[1]], stdout=subprocess.PIPE, text=True)
+    engine_pid = int(engine.stdout.readline())
+print(os.getpid(), engine_pid, flush=True)
+rollmux.shutdown()
+engine.kill()
+"""
+
+
+def test_memory_held_by_a_process_under_a_rank_is_checked_and_named(coordinator, standin_node, standin) -> None:
+    node = standin_node("r0", Pool.ROLLOUT, memory_wait_s=1.0)
+    standin_node("t0", Pool.TRAIN, memory_wait_s=1.0)
+    token = register(coordinator, "job-e")
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
+    e.update({"PYTHONPATH": str(REPO), env.SIDECAR_SOCKET: node.socket, env.JOB: "job-e", env.JOB_TOKEN: token})
+    proc = subprocess.run([sys.executable, "-c", RANK_WITH_AN_ENGINE_CHILD, str(standin)], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=WAIT_S + 30)
+    assert proc.returncode == 0, proc.stderr
+    rank_pid, engine_pid = map(int, proc.stdout.split()[-2:])
+
+    (event,) = _events(node, "gpu_memory_not_freed")
+    assert (event["pid"], event["rank_pid"], event["used_bytes"]) == (engine_pid, rank_pid, 4 << 30)
+    (released,) = _events(node, "released")
+    assert released["gpu_bytes"] == {str(rank_pid): 0, str(engine_pid): 4 << 30}
