@@ -232,6 +232,7 @@ def _pull_move(state: ClusterState, policy: RollMuxPolicy, gid: str, remaining: 
         return None
     config, cluster = policy.config, state.cluster
     best: tuple[float, list[Move]] | None = None
+    priced = 0  # lone jobs checked against the group's schedule (`PolicyConfig.merge_candidates`)
     for lone, name, member in _lone_jobs(state, but=gid):
         rem = remaining(name)
         if rem <= 0:
@@ -241,6 +242,9 @@ def _pull_move(state: ClusterState, policy: RollMuxPolicy, gid: str, remaining: 
         allowed = allowed_modes(spec, config)
         if group_prune_reason(target, spec, config, allowed, profile) is not None:
             continue
+        priced += 1
+        if config.merge_candidates is not None and priced > config.merge_candidates:
+            break
         cands, _ = candidates(target, spec, cluster, allowed, train_scales(target, spec, config, allowed))
         for cand in cands:
             delta = cand.delta_usd_per_h(cluster)
