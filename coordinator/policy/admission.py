@@ -83,7 +83,8 @@ def place_pending(policy: PlacementPolicy, job: JobSpec, state: ClusterState,
     touched = [d.group_id for d in (decision, *choices) if d.group_id is not None]
     recent = [g for g in reversed(state.groups) if g not in touched][: max(0, LOOKAHEAD_GROUPS - len(touched))]
     view = _fork(state, list(dict.fromkeys(touched + recent[::-1]))) if len(state.groups) > LOOKAHEAD_GROUPS else state
-    return _best(policy, job, view, ahead, LOOKAHEAD_DEPTH, decision, choices)
+    with policy.memoized():  # the forks share unchanged groups: each (group, job) is evaluated once
+        return _best(policy, job, view, ahead, LOOKAHEAD_DEPTH, decision, choices)
 
 
 def pinned_options(policy: PlacementPolicy, job: JobSpec, state: ClusterState,
