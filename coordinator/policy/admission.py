@@ -179,7 +179,7 @@ def _apply(fork: ClusterState, job: JobSpec, decision: PlacementDecision) -> Non
     gid = decision.group_id
     if gid is not None and gid in fork.groups:
         group = fork.groups[gid]
-        fork.groups[gid] = copy.deepcopy(group, {id(group._cluster): group._cluster})  # noqa: SLF001
+        fork.groups[gid] = group.clone()
         if gid in fork._unsaturated:  # noqa: SLF001
             fork._unsaturated[gid] = fork.groups[gid]  # noqa: SLF001
     fork.apply(job, decision, allocate=lambda pool, count: [f"<lookahead-{pool.value}-{next(fork._node_seq)}>"  # noqa: SLF001

@@ -203,7 +203,8 @@ def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
     Every member of a group shares one period, which is at least each of those loads; if that
     bound already exceeds the tightest SLO budget in every allowed mode, nothing needs simulating.
     """
-    base = 0.0 if train_scales(group, job, config, allowed) else None  # its own new training nodes carry nothing yet
+    # its own new training nodes carry nothing yet; else the least loaded training node, found once for every mode
+    base = 0.0 if train_scales(group, job, config, allowed) else min(group.train_node_load_s.values(), default=0.0)
     lower = min(_bound(group, _member_loads(group, job, m, profile, cache), base) for m in allowed if group.allows(m))
     job_budget = job.slo * (profile.t_solo_s if profile else job.t_solo_s)
     budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
