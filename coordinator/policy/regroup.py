@@ -169,9 +169,9 @@ def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], 
             return moves  # the state changes once a plan is applied; the caller asks again
     if policy.config.pull_moves:
         for gid in dict.fromkeys(state.job_group[n] for n in jobs if n in state.job_group):
-            moves = _pull_move(state, policy, gid, remaining)
-            if moves:
-                return moves
+            pulled = _pull_move(state, policy, gid, remaining)
+            if pulled:
+                return pulled
     return []
 
 
