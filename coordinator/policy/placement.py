@@ -471,7 +471,6 @@ class RollMuxPolicy:
     def _best_join(self, job: JobSpec, state: ClusterState, allowed: tuple[Deployment, ...], exclude: str | None,
                    rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:
         """Steps 1-3 over the existing groups: the cheapest feasible join, ties to the earlier group."""
-        cluster = state.cluster
         if self.config.fill_saturated:
             groups = list(state.groups.values())
         else:  # Algorithm 1, line 4; the state keeps this index, so no per-group work here
