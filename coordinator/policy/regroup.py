@@ -12,7 +12,9 @@ just left, a member at SLO risk) and proposes relocations at iteration boundarie
   one disaggregated group on *both* their training nodes (none bought): each Train stretches over
   the pooled nodes, the Rollouts run on the cheap rollout pool. A job with a fixed world size
   (veRL, ROLL) would train on its own nodes only, so pooling buys it nothing: never proposed. It costs more $/h than the lone groups and saves $ per
-  iteration done (jobs end sooner), so it is weighed over the pair's remaining run.
+  iteration done (jobs end sooner), so it is weighed over the pair's remaining run;
+- **pull move** (`PolicyConfig.pull_moves`): when no member of a group the plan looks at moves, a job
+  alone in another group joins that group (releasing its own), priced as a single move.
 
 A relocation costs what the real system pays: stop at an iteration boundary, checkpoint, restart
 the actors on other nodes and reload state (`relocation_s`: `restart_s` plus rollout and train
