@@ -158,8 +158,13 @@ def _learned(profile: PhaseProfile) -> PhaseProfile | None:
     return profile if profile.learned else None
 
 
-def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], remaining: RemainingFn) -> list[Move]:
-    """Relocations worth making for `jobs` (names of placed jobs), best first; at most one per job."""
+def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], remaining: RemainingFn,
+               pull: bool = True) -> list[Move]:
+    """Relocations worth making for `jobs` (names of placed jobs), best first; at most one per job.
+
+    `pull`: also look for pull moves into their groups (`PolicyConfig.pull_moves`); an arrival's plan
+    passes False: an arrival takes room in its group, it opens none (a new group's lone job is
+    already weighed for pair merges)."""
     if not policy.config.regroup:
         return []
     for name in jobs:
@@ -169,7 +174,7 @@ def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], 
         moves = _moves_for(state, policy, name, gid, remaining)
         if moves:
             return moves  # the state changes once a plan is applied; the caller asks again
-    if policy.config.pull_moves:
+    if pull and policy.config.pull_moves:
         for gid in dict.fromkeys(state.job_group[n] for n in jobs if n in state.job_group):
             pulled = _pull_move(state, policy, gid, remaining)
             if pulled:
