@@ -490,7 +490,8 @@ class RollMuxPolicy:
                 break
             if group.group_id == exclude:
                 continue
-            pruned, memory_note, steps = self._group_steps(group, job, allowed, profile, cache)
+            pruned, memory_note, steps = self._group_steps(group, job, allowed, profile, cache,
+                                                           None if best is None else best[0])
             if pruned is not None:
                 rejections.append(pruned)
                 continue
@@ -508,9 +509,10 @@ class RollMuxPolicy:
         return best
 
     def _group_steps(self, group: GroupState, job: JobSpec, allowed: tuple[Deployment, ...], profile: PhaseProfile,
-                     cache: _LoadCache) -> tuple[Rejection | None, Rejection | None, list[_Step]]:
+                     cache: _LoadCache, beat: float | None = None) -> tuple[Rejection | None, Rejection | None, list[_Step]]:
         """Steps 1-3 for `job` in `group`: its pruning, its memory note, and its candidates cheapest
-        first up to the first that passes the SLO check. Kept in `self.memo` while one is open."""
+        first up to the first that passes the SLO check. Kept in `self.memo` while one is open;
+        without one, candidates at `beat` $/h or more are not checked (they cannot win)."""
         memo = self.memo
         key = (id(group), job.name, profile, allowed)
         if memo is not None and key in memo:
@@ -521,8 +523,11 @@ class RollMuxPolicy:
             cluster = group._cluster  # noqa: SLF001 (the group's own price table)
             cands, note = candidates(group, job, cluster, allowed, train_scales(group, job, self.config, allowed))
             for cand in cands:
+                delta = cand.delta_usd_per_h(cluster)
+                if memo is None and beat is not None and delta >= beat:
+                    break
                 periods, rejected = slo_check(cand, job, self.config, profile)
-                steps.append(_Step(delta=cand.delta_usd_per_h(cluster), cand=cand, periods=periods, rejected=rejected))
+                steps.append(_Step(delta=delta, cand=cand, periods=periods, rejected=rejected))
                 if rejected is None:
                     break
         if memo is not None:
