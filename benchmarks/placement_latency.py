@@ -57,7 +57,7 @@ def measure(n: int, probes: int, seed: int, config: PolicyConfig) -> list[float]
         moves = []
         if config.regroup:
             state.apply(job, decision)
-            moves = plan_moves(state, policy, [job.name], lambda _: REMAINING_S)
+            moves = plan_moves(state, policy, [job.name], lambda _: REMAINING_S, pull=False)  # as the simulator's arrival
         out.append((time.perf_counter() - t0) * 1e3)
         if not config.regroup:
             state.apply(job, decision)

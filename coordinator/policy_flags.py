@@ -49,6 +49,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
                   "learned"),
     Mechanism(field="pooled_joins", flag="pooled-joins",
               off="a group whose training pool is larger than every member needs takes no newcomer"),
+    Mechanism(field="pull_moves", flag="pull-moves",
+              off="a job alone in its group moves only at its own events (no lone job pulled into a group "
+                  "whose plan changed)"),
     Mechanism(field="best_move", flag="best-move",
               off="regrouping takes the first of single move, pair merge, pool merge that pays (not the one "
                   "saving the most)"),

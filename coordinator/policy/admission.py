@@ -83,7 +83,8 @@ def place_pending(policy: PlacementPolicy, job: JobSpec, state: ClusterState,
     touched = [d.group_id for d in (decision, *choices) if d.group_id is not None]
     recent = [g for g in reversed(state.groups) if g not in touched][: max(0, LOOKAHEAD_GROUPS - len(touched))]
     view = _fork(state, list(dict.fromkeys(touched + recent[::-1]))) if len(state.groups) > LOOKAHEAD_GROUPS else state
-    return _best(policy, job, view, ahead, LOOKAHEAD_DEPTH, decision, choices)
+    with policy.memoized():  # the forks share unchanged groups: each (group, job) is evaluated once
+        return _best(policy, job, view, ahead, LOOKAHEAD_DEPTH, decision, choices)
 
 
 def pinned_options(policy: PlacementPolicy, job: JobSpec, state: ClusterState,
@@ -178,7 +179,7 @@ def _apply(fork: ClusterState, job: JobSpec, decision: PlacementDecision) -> Non
     gid = decision.group_id
     if gid is not None and gid in fork.groups:
         group = fork.groups[gid]
-        fork.groups[gid] = copy.deepcopy(group, {id(group._cluster): group._cluster})  # noqa: SLF001
+        fork.groups[gid] = group.clone()
         if gid in fork._unsaturated:  # noqa: SLF001
             fork._unsaturated[gid] = fork.groups[gid]  # noqa: SLF001
     fork.apply(job, decision, allocate=lambda pool, count: [f"<lookahead-{pool.value}-{next(fork._node_seq)}>"  # noqa: SLF001

@@ -149,6 +149,10 @@ class PolicyConfig:
     # being admitted, compare its choices (its cheapest, its other new groups, its joins) by what the
     # cluster costs once the next `lookahead_jobs` pending jobs are placed too; 0: place it alone.
     lookahead_jobs: int = 8
+    # Pull moves (regrouping): when a group's plan changes (a member left, arrived, or its times were
+    # learned), a job alone in another group may join it, releasing its own group. False: a lone job
+    # moves only at its own events.
+    pull_moves: bool = True
 
     def __post_init__(self) -> None:
         if self.merge_candidates is not None and (not isinstance(self.merge_candidates, int) or self.merge_candidates < 1):

@@ -24,6 +24,8 @@ decision fast at thousands of jobs without changing its outcome.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -201,7 +203,8 @@ def slo_bound_rejection(group: GroupState, job: JobSpec, config: PolicyConfig,
     Every member of a group shares one period, which is at least each of those loads; if that
     bound already exceeds the tightest SLO budget in every allowed mode, nothing needs simulating.
     """
-    base = 0.0 if train_scales(group, job, config, allowed) else None  # its own new training nodes carry nothing yet
+    # its own new training nodes carry nothing yet; else the least loaded training node, found once for every mode
+    base = 0.0 if train_scales(group, job, config, allowed) else min(group.train_node_load_s.values(), default=0.0)
     lower = min(_bound(group, _member_loads(group, job, m, profile, cache), base) for m in allowed if group.allows(m))
     job_budget = job.slo * (profile.t_solo_s if profile else job.t_solo_s)
     budget, who = (group.min_budget_s, group.min_budget_job) if group.min_budget_s < job_budget else (job_budget, job.name)
@@ -329,6 +332,16 @@ def join_decision(job: JobSpec, cand: Candidate, delta_usd_per_h: float, periods
         reason=reason)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Step:
+    """One candidate of a group, priced and SLO-checked (`RollMuxPolicy._group_steps`)."""
+
+    delta: float
+    cand: Candidate
+    periods: dict[str, float] | None
+    rejected: Rejection | None
+
+
 class PhaseLearnerLike(Protocol):
     def prior(self, job: JobSpec) -> PhaseProfile: ...
 
@@ -343,6 +356,7 @@ class RollMuxPolicy:
     def __init__(self, config: PolicyConfig | None = None, **_: object) -> None:
         self.config = config or PolicyConfig()
         self.learner: PhaseLearnerLike | None = None  # set by whoever feeds measured times (sim, coordinator)
+        self.memo: dict[tuple[object, ...], tuple[GroupState, tuple[Rejection | None, Rejection | None, list[_Step]]]] | None = None
 
     def variant(self, **changes: object) -> RollMuxPolicy:
         """This policy with some `PolicyConfig` fields changed, sharing its learner: a fallback
@@ -457,7 +471,6 @@ class RollMuxPolicy:
     def _best_join(self, job: JobSpec, state: ClusterState, allowed: tuple[Deployment, ...], exclude: str | None,
                    rejections: list[Rejection], profile: PhaseProfile) -> tuple[float, Candidate, dict[str, float]] | None:
         """Steps 1-3 over the existing groups: the cheapest feasible join, ties to the earlier group."""
-        cluster = state.cluster
         if self.config.fill_saturated:
             groups = list(state.groups.values())
         else:  # Algorithm 1, line 4; the state keeps this index, so no per-group work here
@@ -477,24 +490,66 @@ class RollMuxPolicy:
                 break
             if group.group_id == exclude:
                 continue
-            pruned = group_prune_reason(group, job, self.config, allowed, profile, cache)
+            pruned, memory_note, steps = self._group_steps(group, job, allowed, profile, cache,
+                                                           None if best is None else best[0])
             if pruned is not None:
                 rejections.append(pruned)
                 continue
-            cands, memory_note = candidates(group, job, cluster, allowed, train_scales(group, job, self.config, allowed))
             if memory_note is not None:
                 rejections.append(memory_note)
-            for cand in cands:
-                delta = cand.delta_usd_per_h(cluster)
-                if best is not None and delta >= best[0]:
+            for step in steps:
+                if best is not None and step.delta >= best[0]:
                     break  # cheaper-first order: nothing further in this group can win
-                periods, rejected = slo_check(cand, job, self.config, profile)
-                if rejected is not None:
-                    rejections.append(rejected)
+                if step.rejected is not None:
+                    rejections.append(step.rejected)
                     continue
-                assert periods is not None
-                best = (delta, cand, periods)
+                assert step.periods is not None
+                best = (step.delta, step.cand, step.periods)
                 break
         return best
+
+    def _group_steps(self, group: GroupState, job: JobSpec, allowed: tuple[Deployment, ...], profile: PhaseProfile,
+                     cache: _LoadCache, beat: float | None = None) -> tuple[Rejection | None, Rejection | None, list[_Step]]:
+        """Steps 1-3 for `job` in `group`: its pruning, its memory note, and its candidates cheapest
+        first up to the first that passes the SLO check. Kept in `self.memo` while one is open;
+        without one, candidates at `beat` $/h or more are not checked (they cannot win)."""
+        memo = self.memo
+        key = (id(group), job.name, profile, allowed)
+        if memo is not None and key in memo:
+            return memo[key][1]
+        pruned = group_prune_reason(group, job, self.config, allowed, profile, cache)
+        note, steps = None, []
+        if pruned is None:
+            cluster = group._cluster  # noqa: SLF001 (the group's own price table)
+            cands, note = candidates(group, job, cluster, allowed, train_scales(group, job, self.config, allowed))
+            for cand in cands:
+                delta = cand.delta_usd_per_h(cluster)
+                if memo is None and beat is not None and delta >= beat:
+                    break
+                periods, rejected = slo_check(cand, job, self.config, profile)
+                steps.append(_Step(delta=delta, cand=cand, periods=periods, rejected=rejected))
+                if rejected is None:
+                    break
+        if memo is not None:
+            memo[key] = (group, (pruned, note, steps))  # the group held: its id is not reused meanwhile
+        return pruned, note, steps
+
+    @contextmanager
+    def memoized(self) -> Iterator[None]:
+        """Within this block, each (group object, job, profile) is evaluated once (`_group_steps`).
+
+        Why: an admission's lookahead (`admission.place_pending`) places the same pending jobs on
+        many scratch forks that share their unchanged groups (copy on write: a group object is
+        never changed once a fork shows it), so most of its placements re-evaluate the same pairs.
+        Only for callers that change no group they pass to `place` inside the block.
+        """
+        if self.memo is not None:
+            yield
+            return
+        self.memo = {}
+        try:
+            yield
+        finally:
+            self.memo = None
 
 

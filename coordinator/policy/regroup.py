@@ -12,7 +12,9 @@ just left, a member at SLO risk) and proposes relocations at iteration boundarie
   one disaggregated group on *both* their training nodes (none bought): each Train stretches over
   the pooled nodes, the Rollouts run on the cheap rollout pool. A job with a fixed world size
   (veRL, ROLL) would train on its own nodes only, so pooling buys it nothing: never proposed. It costs more $/h than the lone groups and saves $ per
-  iteration done (jobs end sooner), so it is weighed over the pair's remaining run.
+  iteration done (jobs end sooner), so it is weighed over the pair's remaining run;
+- **pull move** (`PolicyConfig.pull_moves`): when no member of a group the plan looks at moves, a job
+  alone in another group joins that group (releasing its own), priced as a single move.
 
 A relocation costs what the real system pays: stop at an iteration boundary, checkpoint, restart
 the actors on other nodes and reload state (`relocation_s`: `restart_s` plus rollout and train
@@ -30,7 +32,16 @@ from dataclasses import dataclass, replace
 from rollmux.coordinator.policy import modes
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyConfig, Strategy
 from rollmux.coordinator.policy.intra_group import member_periods
-from rollmux.coordinator.policy.placement import RollMuxPolicy, candidates, isolated_cost, slo_check
+from rollmux.coordinator.policy.placement import (
+    RollMuxPolicy,
+    allowed_modes,
+    candidates,
+    group_prune_reason,
+    isolated_cost,
+    join_decision,
+    slo_check,
+    train_scales,
+)
 from rollmux.coordinator.policy.state import ClusterState, GroupState, Member, PhaseProfile
 from rollmux.core.model import GB, Deployment, JobSpec, Pool
 
@@ -147,8 +158,13 @@ def _learned(profile: PhaseProfile) -> PhaseProfile | None:
     return profile if profile.learned else None
 
 
-def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], remaining: RemainingFn) -> list[Move]:
-    """Relocations worth making for `jobs` (names of placed jobs), best first; at most one per job."""
+def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], remaining: RemainingFn,
+               pull: bool = True) -> list[Move]:
+    """Relocations worth making for `jobs` (names of placed jobs), best first; at most one per job.
+
+    `pull`: also look for pull moves into their groups (`PolicyConfig.pull_moves`); an arrival's plan
+    passes False: an arrival takes room in its group, it opens none (a new group's lone job is
+    already weighed for pair merges)."""
     if not policy.config.regroup:
         return []
     for name in jobs:
@@ -158,6 +174,11 @@ def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], 
         moves = _moves_for(state, policy, name, gid, remaining)
         if moves:
             return moves  # the state changes once a plan is applied; the caller asks again
+    if pull and policy.config.pull_moves:
+        for gid in dict.fromkeys(state.job_group[n] for n in jobs if n in state.job_group):
+            pulled = _pull_move(state, policy, gid, remaining)
+            if pulled:
+                return pulled
     return []
 
 
@@ -203,6 +224,56 @@ def _single_move(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str
     return [Move(job=name, from_group=gid, decision=decision, saving_usd_per_h=saving, downtime_s=down,
                  reason=f"frees ${freed:,.2f}/h in {gid}, costs +${decision.delta_usd_per_h:,.2f}/h "
                         f"{decision.deployment.value} in {decision.group_id or 'a new group'}")]
+
+
+def _pull_move(state: ClusterState, policy: RollMuxPolicy, gid: str, remaining: RemainingFn) -> list[Move] | None:
+    """A job alone in another group joins `gid` (pull), releasing its whole group: the move saving
+    the most over its remaining run, if any pays.
+
+    Why: a single move is only looked for at the moving job's own events (its arrival, its group's
+    learning or departure events), so room that opens in `gid` later (a member left, members'
+    learned times shrank its period) stayed unused by lone jobs that arrived before it opened.
+    """
+    target = state.groups.get(gid)
+    if target is None or not target.members:
+        return None
+    config, cluster = policy.config, state.cluster
+    best: tuple[float, list[Move]] | None = None
+    priced = 0  # lone jobs checked against the group's schedule (`PolicyConfig.merge_candidates`)
+    for lone, name, member in _lone_jobs(state, but=gid):
+        rem = remaining(name)
+        if rem <= 0:
+            continue
+        spec = member.spec
+        profile = _learned(member.profile) or policy.initial_profile(spec)
+        allowed = allowed_modes(spec, config)
+        if group_prune_reason(target, spec, config, allowed, profile) is not None:
+            continue
+        priced += 1
+        if config.merge_candidates is not None and priced > config.merge_candidates:
+            break
+        cands, _ = candidates(target, spec, cluster, allowed, train_scales(target, spec, config, allowed))
+        for cand in cands:
+            delta = cand.delta_usd_per_h(cluster)
+            if delta >= lone.usd_per_h:
+                break  # cheapest first: nothing further saves $/h
+            periods, rejected = slo_check(cand, spec, config, profile)
+            if rejected is not None or periods is None:
+                continue
+            decision = join_decision(spec, cand, delta, periods, (), reason=f"pulled into {gid} at +${delta:,.2f}/h")
+            to_before, to_after = _rate_in(decision, state, spec)
+            usd_before = lone.usd_per_h + target.usd_per_h
+            saving = work_saving(usd_before, work_rate(lone) + to_before, target.usd_per_h + delta, to_after)
+            gain = saving * rem
+            if (best is None or gain > best[0]) and _worth_it(
+                    spec, saving, relocation_s(spec, config), rem, config, state,
+                    _slowdown(decision, spec, member.profile), target.usd_per_h + delta):
+                best = (gain, [Move(job=name, from_group=lone.group_id, decision=decision, saving_usd_per_h=saving,
+                                    downtime_s=relocation_s(spec, config),
+                                    reason=f"frees ${lone.usd_per_h:,.2f}/h in {lone.group_id}, costs "
+                                           f"+${delta:,.2f}/h {cand.deployment.value} in {gid}")])
+            break
+    return best[1] if best else None
 
 
 def _lone_jobs(state: ClusterState, but: str) -> Iterator[tuple[GroupState, str, Member]]:
@@ -267,8 +338,6 @@ def _pair_merge(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str,
 
 
 def _allowed(job: JobSpec, config: PolicyConfig) -> tuple[Deployment, ...]:
-    from rollmux.coordinator.policy.placement import allowed_modes
-
     return allowed_modes(job, config)
 
 

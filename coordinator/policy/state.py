@@ -118,6 +118,22 @@ class GroupState:
         self.max_member_train_nodes = 0  # most training nodes one member needs (N_T); < the pool's after a pool merge
         self.train_unavailable: set[str] = set()  # training nodes that cannot take work now
 
+    def clone(self) -> GroupState:
+        """A copy that later joins and leaves do not share: its node states, loads and member table
+        are its own; the members themselves (replaced, never changed, by a join) and the price table
+        are shared. What a scratch fork of the cluster (`admission._apply`) copies before changing a group."""
+        other = GroupState.__new__(GroupState)
+        for name in GroupState.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.train_node_dram_used = dict(self.train_node_dram_used)
+        other.train_node_load_s = dict(self.train_node_load_s)
+        other.rollout = {n: RolloutNodeState(node_id=r.node_id, host_dram_bytes=r.host_dram_bytes,
+                                             dram_used_bytes=r.dram_used_bytes, load_s=r.load_s, jobs=list(r.jobs),
+                                             available=r.available) for n, r in self.rollout.items()}
+        other.members = dict(self.members)
+        other.train_unavailable = set(self.train_unavailable)
+        return other
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def train_load_s(self) -> float:

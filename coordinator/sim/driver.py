@@ -118,7 +118,7 @@ class _Replay:
             t, kind, _, key, version = heapq.heappop(self.events)
             if kind == _ARRIVAL:
                 self._arrive(key, t)
-                self._regroup([key], t)
+                self._regroup([key], t, pull=False)
             elif self.version.get(key) == version:
                 self._settle(key, t)
                 if key in self.state.groups:
@@ -165,11 +165,12 @@ class _Replay:
         config = self.policy.config if isinstance(self.policy, RollMuxPolicy) else None
         return 0 if config is None else move_cap(self.state, config, job_id)
 
-    def _regroup(self, names: list[str], t: float) -> None:
-        """Relocate jobs where the policy finds it worth the move (RollMux with regrouping on)."""
+    def _regroup(self, names: list[str], t: float, pull: bool = True) -> None:
+        """Relocate jobs where the policy finds it worth the move (RollMux with regrouping on); `pull`:
+        lone jobs may be pulled into the names' groups (not after an arrival: `regroup.plan_moves`)."""
         if not isinstance(self.policy, RollMuxPolicy) or not self.policy.config.regroup:
             return
-        self._relocate(plan_moves(self.state, self.policy, names, self._remaining_s), t)
+        self._relocate(plan_moves(self.state, self.policy, names, self._remaining_s, pull=pull), t)
 
     def _rescue(self, gid: str, t: float) -> None:
         """Move out a member whose learned times put it over its SLO (each job once)."""
