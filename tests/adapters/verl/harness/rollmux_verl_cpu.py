@@ -345,10 +345,11 @@ def _batch_log() -> None:
 
     def wrap(train_mini_batch: Any) -> Any:
         def logged(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
-            ids = data["input_ids"]
-            rows = ids.unbind(0) if ids.is_nested else list(ids)
-            event("train.batch", node=node_label(), rank=int(self.engine.get_data_parallel_rank()),
-                  rows=[row_digest(r) for r in rows])
+            if "input_ids" in data:
+                ids = data["input_ids"]
+                rows = ids.unbind(0) if ids.is_nested else list(ids)
+                event("train.batch", node=node_label(), rank=int(self.engine.get_data_parallel_rank()),
+                      rows=[row_digest(r) for r in rows])
             return train_mini_batch(self, data, *args, **kwargs)
 
         return logged
