@@ -9,7 +9,8 @@ What the run shows (docs: DESIGN.md "Where a job runs"):
 * each node's permit is granted and released on that node's own sidecar, every phase;
 * no rollout request is served on a node outside a rollout permit held there;
 * I1 for this layout: the permit's nodes are the nodes the ranks attached on;
-* the job's first-step metrics equal its solo run's, and every step's rollout ran on the latest weights;
+* each FSDP rank trains on the same samples as in the solo run, every step's metrics equal the solo run's,
+  and every step's rollout ran on the latest weights;
 * mutual exclusion between the two jobs on each node;
 * the memory check (sidecars read per-PID GPU bytes from the named stand-in provider, ``--gpu-memory-standin``):
   a side rank that keeps memory holds its own node until it frees it, or until the wait ends (the event
@@ -289,21 +290,35 @@ ON_POLICY_PROBS_DIFF_MAX = 1e-3
 update behind (lr 1e-2) is far above."""
 
 
-def test_first_step_metrics_equal_the_solo_run_and_every_step_is_on_policy(runs: dict[str, Any]) -> None:
-    """Step 1 of the multiplexed run equals the solo run's. Step 2 is checked for on-policy order only: with
-    two FSDP ranks on CPU the same job's gradient varies from run to run in the fifth digit (solo runs
-    too: ``actor/grad_norm`` 0.2718724-0.2718852 over six runs), and the tiny model's greedy decoding turns
-    that into other step-2 tokens now and then, so step 2 of two runs is not comparable; the single-node
-    test (``tests/adapters/verl/test_multiplex.py``) compares every step."""
+def rank_batches(runs: dict[str, Any], which: str) -> list[tuple[int, tuple[str, ...]]]:
+    """(data-parallel rank, the samples it trained on in their order) of each FSDP update of a run, sorted
+    (the harness's ``train.batch`` events: a hash of each sample's token ids)."""
+    rows = _during(runs, which, [r for r in runs["harness"] if r["kind"] == "train.batch"])
+    return sorted((r["rank"], tuple(r["rows"])) for r in rows)
+
+
+def test_each_rank_trains_on_the_samples_it_trained_on_alone(runs: dict[str, Any]) -> None:
+    """Which FSDP rank trains on which sample is the same in both runs: the harness orders a training batch
+    by its prompts' dataloader order (``rollmux_verl_cpu._batch_order``); in the order the two rollout
+    replicas finished it varied run to run, and with it the gradient (bf16 compute) and step 2's tokens."""
+    alone, muxed = rank_batches(runs, "solo"), rank_batches(runs, "mux")
+    assert len(alone) == 4 and {rank for rank, _ in alone} == {0, 1}, alone  # 2 steps x 2 ranks
+    assert alone == muxed
+
+
+def test_per_step_metrics_equal_the_solo_run_and_every_step_is_on_policy(runs: dict[str, Any]) -> None:
+    """Every step of the multiplexed run equals the solo run's (as on one node,
+    ``tests/adapters/verl/test_multiplex.py``), and every step's rollout ran on the latest weights."""
     from job import step_metrics
 
     alone, muxed = step_metrics(runs["solo"]["log"]), step_metrics(runs["mux"]["log"])
     assert sorted(alone) == sorted(muxed) == [1, 2]
-    keys = [k for k in alone[1] if k in KEYS or (k.startswith("actor/") and not k.startswith("actor/perf"))]
-    assert {"critic/score/mean", "training/rollout_probs_diff_max"} <= set(keys), keys
-    for key in keys:
-        assert math.isclose(alone[1][key], muxed[1][key], rel_tol=1e-3,
-                            abs_tol=NOISE_KEYS_ABS_TOL.get(key, 1e-6)), (1, key, alone[1][key], muxed[1][key])
+    for step in alone:
+        keys = [k for k in alone[step] if k in KEYS or (k.startswith("actor/") and not k.startswith("actor/perf"))]
+        assert {"critic/score/mean", "training/rollout_probs_diff_max", "actor/grad_norm"} <= set(keys), keys
+        for key in keys:
+            assert math.isclose(alone[step][key], muxed[step][key], rel_tol=1e-3,
+                                abs_tol=NOISE_KEYS_ABS_TOL.get(key, 1e-6)), (step, key, alone[step][key], muxed[step][key])
     for run, metrics in (("solo", alone), ("mux", muxed)):
         for step in (1, 2):
             assert metrics[step]["training/rollout_probs_diff_max"] <= ON_POLICY_PROBS_DIFF_MAX, (run, step)

@@ -302,11 +302,12 @@ class Admission:
         self.state.touch(f"group/{gid}", None if g is None else group_record(g))
 
     def restore_groups(self, groups: dict[str, GroupRecord]) -> None:
-        """Rebuild the placement's groups from their stored form (coordinator restart), in creation order."""
+        """Rebuild the placement's groups from their stored form (coordinator restart), in creation order,
+        each member on the training nodes it trained on (chosen again only where the record has none)."""
         jobs = self.state.jobs
         for gid, rec in sorted(groups.items(), key=lambda kv: _gid_number(kv[0])):
-            members = [(jobs[name].spec, tuple(jobs[name].rollout_nodes), Deployment(jobs[name].deployment))
-                       for name in rec.members]
+            members = [(jobs[name].spec, tuple(jobs[name].rollout_nodes), Deployment(jobs[name].deployment),
+                        rec.member_train_nodes.get(name, ())) for name in rec.members]
             self.state.placement.restore_group(gid, tuple(rec.train_nodes), tuple(rec.rollout_nodes), members,
                                                train_pool=Pool(rec.train_pool))
 
@@ -349,9 +350,10 @@ def decision_fits(decision: PlacementDecision, free: dict[Pool, list[str]]) -> b
 
 
 def group_record(g: GroupState) -> GroupRecord:
-    """The stored form of a group: its nodes and round-robin member order."""
+    """The stored form of a group: its nodes, round-robin member order and each member's training nodes."""
     return GroupRecord(group_id=g.group_id, train_nodes=tuple(g.train_nodes), rollout_nodes=tuple(g.rollout),
-                       members=tuple(g.members), train_pool=g.train_pool.value)
+                       members=tuple(g.members), train_pool=g.train_pool.value,
+                       member_train_nodes={name: tuple(m.train_nodes) for name, m in g.members.items()})
 
 
 def _gid_number(gid: str) -> int:

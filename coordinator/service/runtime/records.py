@@ -188,18 +188,23 @@ class GroupRecord:
     rollout_nodes: tuple[str, ...]  # in the order they joined the group
     members: tuple[str, ...]  # round-robin order
     train_pool: str = "train"  # pool of its training nodes ("rollout": co-located on rollout-pool GPUs)
+    # member -> the training nodes it trains on (where its ranks run: a restart must not choose them again)
+    member_train_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return dumps({"group_id": self.group_id, "train_nodes": list(self.train_nodes),
                       "rollout_nodes": list(self.rollout_nodes), "members": list(self.members),
-                      "train_pool": self.train_pool})
+                      "train_pool": self.train_pool,
+                      "member_train_nodes": {k: list(v) for k, v in self.member_train_nodes.items()}})
 
     @classmethod
     def from_json(cls, raw: str) -> GroupRecord:
         d = json.loads(raw)
         return cls(group_id=d["group_id"], train_nodes=tuple(d["train_nodes"]),
                    rollout_nodes=tuple(d["rollout_nodes"]), members=tuple(d["members"]),
-                   train_pool=d.get("train_pool", "train"))
+                   train_pool=d.get("train_pool", "train"),
+                   # absent from records stored by earlier versions: their members' nodes are chosen again
+                   member_train_nodes={k: tuple(v) for k, v in d.get("member_train_nodes", {}).items()})
 
 
 @dataclass(slots=True, kw_only=True)

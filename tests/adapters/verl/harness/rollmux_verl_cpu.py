@@ -20,7 +20,10 @@ start several jobs' first phases together (test control, not a GPU stand-in). Tw
 for ``benchmarks/verl_cpu.py``, the same in unset and opted-in jobs: with ``RMX_STEP_GATE`` (a folder)
 the driver pauses after each step until the benchmark lets it go on (:func:`_step_gate`); with
 ``RMX_REPLAY_POLL_S`` the v1 ``ReplayBuffer`` polls for finished rollouts every that many seconds
-instead of veRL's 2.0.
+instead of veRL's 2.0. Two more for the multi-node tests, always on: each FSDP rank records the samples it
+trains on (``train.batch`` events, :func:`_batch_log`), and a training batch keeps its prompts' dataloader
+order rather than the order their rollouts finished (:func:`_batch_order`; ``RMX_COMPLETION_ORDER=1`` in the
+job's environment restores veRL's order).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ EVENTS = "RMX_HARNESS_EVENTS"
 START_FILE = "RMX_START_FILE"
 STEP_GATE = "RMX_STEP_GATE"
 REPLAY_POLL_S = "RMX_REPLAY_POLL_S"
+COMPLETION_ORDER = "RMX_COMPLETION_ORDER"
 START_WAIT_S = 900.0
 
 
@@ -332,6 +336,57 @@ def _replay_poll() -> None:
     _replace("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer", "__init__", wrap)
 
 
+def _batch_log() -> None:
+    """With ``RMX_HARNESS_EVENTS`` set: each FSDP rank records the samples it trains on, in order (a short hash
+    of each row's token ids, its data-parallel rank and node), so that tests can compare two runs' per-rank
+    batches."""
+    if not os.environ.get(EVENTS):
+        return
+
+    def wrap(train_mini_batch: Any) -> Any:
+        def logged(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+            if "input_ids" in data:
+                ids = data["input_ids"]
+                rows = ids.unbind(0) if ids.is_nested else list(ids)
+                event("train.batch", node=node_label(), rank=int(self.engine.get_data_parallel_rank()),
+                      rows=[row_digest(r) for r in rows])
+            return train_mini_batch(self, data, *args, **kwargs)
+
+        return logged
+
+    _replace("verl.workers.engine_workers", "TrainingWorker", "train_mini_batch", wrap)
+
+
+def row_digest(row: torch.Tensor) -> str:
+    """A short, stable name for one sample: the hash of its token ids."""
+    import hashlib
+
+    return hashlib.sha1(row.to(torch.int64).cpu().numpy().tobytes()).hexdigest()[:10]
+
+
+def _batch_order() -> None:
+    """A training batch in the order its prompts came from the dataloader, not the order their rollouts
+    finished. veRL's v1 ``ReplayBuffer`` lists a batch's trajectories in the order TransferQueue received them;
+    with two rollout replicas that order varies run to run, and so does which FSDP rank trains on which
+    sample (test control: with it, two runs of a job train on the same per-rank batches)."""
+    if os.environ.get(COMPLETION_ORDER):  # veRL's own order, to show the difference
+        return
+
+    def wrap(materialize: Any) -> Any:
+        def in_prompt_order(self: Any, partition_id: str, selected: list[str], snapshot: dict[str, dict]) -> Any:
+            prompts = {uid: i for i, uid in enumerate(self.prompt_global_steps[partition_id])}
+
+            def position(key: str) -> tuple[int, ...]:
+                uid, session, index = key.rsplit("_", 2)  # {uid}_{session_id}_{index}
+                return prompts.get(uid, len(prompts)), int(session), int(index)
+
+            return materialize(self, partition_id, selected, dict(sorted(snapshot.items(), key=lambda kv: position(kv[0]))))
+
+        return in_prompt_order
+
+    _replace("verl.trainer.ppo.v1.replay_buffer", "ReplayBuffer", "_materialize_batch", wrap)
+
+
 _done = False
 
 
@@ -349,6 +404,8 @@ def install() -> None:
     _start_gate()
     _step_gate()
     _replay_poll()
+    _batch_log()
+    _batch_order()
 
 
 install()
