@@ -113,6 +113,7 @@ class PhaseLearning:
         if profile != group.members[name].profile:
             group.set_profile(name, profile)
             state.placement._reindex(group)  # noqa: SLF001  (saturation may change with the profile)
+            state.capacity_changed()
 
     def forget(self, name: str) -> None:
         """A job left: drop what was learned of it."""
