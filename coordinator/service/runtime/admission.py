@@ -8,7 +8,10 @@ The queue is looked at on every registration, departure and node coming back, bu
 fit is decided again only when something its decision depends on changed: the capacity
 (`RuntimeState.capacity_version`: nodes, groups, profiles), the pending jobs its lookahead sees, or the
 nodes its ranks attached on. The policy is pure, so the same inputs give the same "does not fit"; with
-1,000 jobs queued a registration no longer re-decides all of them.
+1,000 jobs queued a registration no longer re-decides all of them. And when the capacity did change, a
+job deep in the queue whose spec (but for its name, which RollMux's policy only uses as a key) equals one
+found unfit earlier in the same pass, seeing the same pending jobs, is unfit too: a queue of many jobs
+of a few shapes costs a few decisions per departure, not one per job.
 
 Owns: the job records (`state.jobs`, ``job/<name>``: registration, admission, re-attachment,
 removal; a relocation's `moves` count is the relocation part's), the placement's membership and the
@@ -19,7 +22,7 @@ passes on), PhaseLearning (a member joined) and Directives (re-attachment after 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 
 from rollmux.coordinator.policy import RollMuxPolicy
@@ -76,6 +79,7 @@ class Admission:
         self.learning = learning
         self.directives = directives
         self.unfit: dict[str, Unfit] = {}  # pending job -> what it did not fit with (in memory only)
+        self.remember_unfit = True  # False: decide every pending job on every event (what tests compare with)
 
     # ------------------------------------------------------------------------------ registration
     def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
@@ -196,21 +200,28 @@ class Admission:
         blocking: a job that must wait never holds back a later one that fits). A job is decided again
         only if what it did not fit with changed (`Unfit`); each admission changes the capacity, so
         the jobs after it are decided again in the same pass."""
-        pending, window = self.state.pending(), _lookahead(self.state.policy)
+        state = self.state
+        pending, window = state.pending(), _lookahead(state.policy)
+        name_blind = isinstance(state.policy, RollMuxPolicy)
         admitted: list[str] = []
         waiting: list[str] = []  # looked at in this pass and still pending: their lookahead sees them
+        unfit_shapes: dict[tuple[object, ...], Unfit] = {}  # (spec but its name, upcoming) found unfit in this pass
         for i, name in enumerate(pending):
-            job = self.state.jobs[name]
+            job = state.jobs[name]
             upcoming = tuple([*waiting[:window], *pending[i + 1:i + 1 + window]][:window])
-            if self.unfit.get(name) == Unfit(capacity_version=self.state.capacity_version, upcoming=upcoming,
-                                             attach_nodes=job.attach_nodes):
+            seen = Unfit(capacity_version=state.capacity_version, upcoming=upcoming, attach_nodes=job.attach_nodes)
+            shape = (_shape(job.spec), upcoming) if name_blind and not job.attach_nodes else None
+            if self.remember_unfit and (self.unfit.get(name) == seen
+                                        or (shape is not None and unfit_shapes.get(shape) == seen)):
+                self.unfit[name] = seen
                 waiting.append(name)
             elif self._admit(job, upcoming):
                 self.unfit.pop(name, None)
                 admitted.append(name)
             else:
-                self.unfit[name] = Unfit(capacity_version=self.state.capacity_version, upcoming=upcoming,
-                                         attach_nodes=job.attach_nodes)
+                self.unfit[name] = seen = replace(seen, capacity_version=state.capacity_version)
+                if shape is not None:
+                    unfit_shapes[shape] = seen
                 waiting.append(name)
         return admitted
 
@@ -366,6 +377,11 @@ class Admission:
         self.leases.grant_waiting(sorted(touched))
         self.try_admit()
         return released
+
+
+def _shape(spec: JobSpec) -> tuple[object, ...]:
+    """Every field of `spec` but its name."""
+    return tuple(getattr(spec, f.name) for f in fields(spec) if f.name != "name")
 
 
 def _lookahead(policy: PlacementPolicy) -> int:
