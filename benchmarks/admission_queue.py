@@ -53,12 +53,13 @@ def main() -> int:
     ap.add_argument("--jobs", default="100,1000", help="queue sizes, comma-separated")
     ap.add_argument("--check", action="store_true", help="exit non-zero unless the cost per registration stays flat")
     args = ap.parse_args()
-    rows = [run(int(n)) for n in args.jobs.split(",")]
     print("registering N queued jobs that do not fit (CPU time, one process)")
     print(f"{'N':>6} {'total s':>9} {'first ms/job':>13} {'last ms/job':>12} {'departure ms':>13} {'head admitted':>14}")
-    for r in rows:
+    rows = []
+    for n in args.jobs.split(","):
+        rows.append(r := run(int(n)))
         print(f"{r['n']:>6} {r['total_s']:>9.2f} {r['first_ms']:>13.3f} {r['last_ms']:>12.3f} {r['depart_ms']:>13.1f} "
-              f"{'yes' if r['head'] else 'no':>14}")
+              f"{'yes' if r['head'] else 'no':>14}", flush=True)
     if not args.check:
         return 0
     flat = rows[-1]["last_ms"] <= 2 * max(rows[0]["first_ms"], 0.05)
