@@ -6,7 +6,8 @@ of nodes could ever hold is refused at registration, naming the limit.
 
 The queue is looked at on every registration, departure and node coming back, but a job that did not
 fit is decided again only when something its decision depends on changed: the capacity
-(`RuntimeState.capacity_version`: nodes, groups, profiles), the pending jobs its lookahead sees, or the
+(`RuntimeState.capacity_version`: nodes, groups, profiles, measured iterations, which move the fleet
+prior a pending job is judged with), the pending jobs its lookahead sees, or the
 nodes its ranks attached on. The policy is pure, so the same inputs give the same "does not fit"; with
 1,000 jobs queued a registration no longer re-decides all of them. And when the capacity did change, a
 job deep in the queue whose spec (but for its name, which RollMux's policy only uses as a key) equals one

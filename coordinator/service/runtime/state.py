@@ -109,7 +109,8 @@ class RuntimeState:
             self.capacity_changed()
 
     def capacity_changed(self) -> None:
-        """What admission decides on changed (a node record, a group's membership, a member's profile):
+        """What admission decides on changed (a node record, a group's membership, a member's profile, a
+        measured iteration):
         a pending job that did not fit before may fit now (`Admission.try_admit` looks at it again)."""
         self.capacity_version += 1
 

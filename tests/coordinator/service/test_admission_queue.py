@@ -16,7 +16,7 @@ from rollmux.coordinator.service.runtime.api import JobState, ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
 from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
-from .builders import TB, FakeClock, make_runtime, register
+from .builders import TB, FakeClock, grant, make_runtime, register
 
 
 class CountingPolicy(RollMuxPolicy):
@@ -157,3 +157,15 @@ def test_the_queue_admits_as_deciding_every_job_on_every_event_would(seed: int) 
     assert remembered == everything
     pending = [s for s in remembered if any(v[0] == "pending" for v in s.values())]
     assert pending, "the trace queues jobs (else it checks nothing)"
+
+
+def test_a_measured_iteration_counts_as_a_capacity_change() -> None:
+    """An iteration's times move the fleet prior a pending job is judged with: the queue is decided again."""
+    rt, _ = make_runtime(4, 2)
+    register(rt, "a", nt=8)
+    register(rt, "wide", nt=24)
+    before = rt.state.capacity_version
+    for _ in range(3):  # Rollout, Train, Sync: one measured iteration
+        permit = grant(rt, "a")
+        rt.release("a", permit.epoch, 1.0)
+    assert rt.state.capacity_version > before
