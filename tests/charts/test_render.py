@@ -74,7 +74,7 @@ def test_a_missing_external_redis_fails_rendering_with_a_remedy() -> None:
     assert "/redis/external" in proc.stderr
 
 
-def test_the_chart_refuses_kubernetes_older_than_1_30() -> None:
-    helm("template", "rm", str(CHART), "--kube-version", "1.30.0")
-    proc = helm("template", "rm", str(CHART), "--kube-version", "1.29.9", check=False)
+def test_the_chart_refuses_kubernetes_older_than_1_20() -> None:
+    helm("template", "rm", str(CHART), "--kube-version", "1.20.0")
+    proc = helm("template", "rm", str(CHART), "--kube-version", "1.19.16", check=False)
     assert proc.returncode != 0 and "kubeVersion" in proc.stderr, proc.stderr

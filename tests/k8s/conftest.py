@@ -2,7 +2,8 @@
 kube-controller-manager's Job controller), a coordinator and a scheduler per test.
 
 Kubernetes 1.20.2 is the newest Kubernetes source a package registry here offers (Debian's
-`kubernetes` source package); the chart itself targets 1.30 and 1.34 (charts/rollmux/Chart.yaml).
+`kubernetes` source package); the chart is installed on it here (test_helm_live.py) and rendered and
+schema-validated for 1.30 and 1.34 in tests/charts (charts/rollmux/Chart.yaml says which versions it supports).
 Each test serves its own scheduler name, so pods a test leaves behind never reach another's scheduler.
 """
 
@@ -13,9 +14,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
@@ -32,6 +35,7 @@ SCHEDULER_USER = "system:serviceaccount:rollmux:rm-rollmux-scheduler"  # the cha
 SCHEDULER_TOKEN = "rollmux-test-scheduler"  # a loopback test server's credential, not a secret
 FAST = ServiceConfig(lease_ttl_s=5.0, reap_interval_s=0.02, heartbeat_interval_s=0.5, relocation_deadline_s=60.0)
 _names = itertools.count()
+CRDS = Path(__file__).parent / "crds"
 
 
 @pytest.fixture(scope="session")
@@ -125,3 +129,22 @@ def wait_for(what: str, cond: Callable[[], Any], timeout_s: float = 20.0) -> Any
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "as_chart_scheduler: the scheduler acts as the chart's ServiceAccount")
+
+
+def install_crds(kube: KubeClient, file: str) -> list[str]:
+    """Create the CustomResourceDefinitions in crds/`file` (kept if an earlier test made them) and wait until
+    the server serves them; returns their names."""
+    names = []
+    for crd in yaml.safe_load_all((CRDS / file).read_text()):
+        try:
+            kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        names.append(crd["metadata"]["name"])
+    for n in names:
+        wait_for(f"CRD {n} established", lambda n=n: any(
+            c["type"] == "Established" and c["status"] == "True" for c in
+            (kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}").get("status") or {})
+            .get("conditions") or []))
+    return names

@@ -4,6 +4,16 @@ Admission has no head-of-line blocking: every pending job the free nodes can hos
 arrival order, and one that must wait never holds back a later one that fits. A spec that no set
 of nodes could ever hold is refused at registration, naming the limit.
 
+The queue is looked at on every registration, departure and node coming back, but a job that did not
+fit is decided again only when something its decision depends on changed: the capacity
+(`RuntimeState.capacity_version`: nodes, groups, profiles, measured iterations, which move the fleet
+prior a pending job is judged with), the pending jobs its lookahead sees, or the
+nodes its ranks attached on. The policy is pure, so the same inputs give the same "does not fit"; with
+1,000 jobs queued a registration no longer re-decides all of them. And when the capacity did change, a
+job deep in the queue whose spec (but for its name, which RollMux's policy only uses as a key) equals one
+found unfit earlier in the same pass, seeing the same pending jobs, is unfit too: a queue of many jobs
+of a few shapes costs a few decisions per departure, not one per job.
+
 Owns: the job records (`state.jobs`, ``job/<name>``: registration, admission, re-attachment,
 removal; a relocation's `moves` count is the relocation part's), the placement's membership and the
 stored groups (``group/<gid>``; `place` and `unplace` serve relocation too), and `meta.seq`. Calls
@@ -13,12 +23,12 @@ passes on), PhaseLearning (a member joined) and Directives (re-attachment after 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 
 from rollmux.coordinator.policy import RollMuxPolicy
 from rollmux.coordinator.policy.admission import pinned_options, place_pending
-from rollmux.coordinator.policy.api import PlacementDecision, RejectReason
+from rollmux.coordinator.policy.api import PlacementDecision, PlacementPolicy, RejectReason
 from rollmux.coordinator.policy.state import GroupState
 from rollmux.coordinator.service.runtime.api import (
     AlreadyExistsError,
@@ -50,6 +60,15 @@ class Registered(str, Enum):
     ATTACHED = "attached"  # the driver of a job registered on its behalf (attachable) took it over: new token
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unfit:
+    """What a pending job's last decision saw when it did not fit: while all of it stays, so does the answer."""
+
+    capacity_version: int  # RuntimeState.capacity_version then
+    upcoming: tuple[str, ...]  # the pending jobs its lookahead saw, in order
+    attach_nodes: tuple[str, ...]  # the nodes its ranks had attached on
+
+
 class Admission:
     """Registering jobs, admitting them in arrival order, removing them."""
 
@@ -60,6 +79,8 @@ class Admission:
         self.queues = queues
         self.learning = learning
         self.directives = directives
+        self.unfit: dict[str, Unfit] = {}  # pending job -> what it did not fit with (in memory only)
+        self.remember_unfit = True  # False: decide every pending job on every event (what tests compare with)
 
     # ------------------------------------------------------------------------------ registration
     def register_job(self, spec: JobSpec, *, token_sha256: str, nonce_sha256: str,
@@ -177,15 +198,40 @@ class Admission:
 
     def try_admit(self) -> list[str]:
         """Admit every pending job the free nodes can host now, in arrival order (no head-of-line
-        blocking: a job that must wait never holds back a later one that fits)."""
-        return [name for name in self.state.pending() if self._admit(self.state.jobs[name])]
+        blocking: a job that must wait never holds back a later one that fits). A job is decided again
+        only if what it did not fit with changed (`Unfit`); each admission changes the capacity, so
+        the jobs after it are decided again in the same pass."""
+        state = self.state
+        pending, window = state.pending(), _lookahead(state.policy)
+        name_blind = isinstance(state.policy, RollMuxPolicy)
+        admitted: list[str] = []
+        waiting: list[str] = []  # looked at in this pass and still pending: their lookahead sees them
+        unfit_shapes: dict[tuple[object, ...], Unfit] = {}  # (spec but its name, upcoming) found unfit in this pass
+        for i, name in enumerate(pending):
+            job = state.jobs[name]
+            upcoming = tuple([*waiting[:window], *pending[i + 1:i + 1 + window]][:window])
+            seen = Unfit(capacity_version=state.capacity_version, upcoming=upcoming, attach_nodes=job.attach_nodes)
+            shape = (_shape(job.spec), upcoming) if name_blind and not job.attach_nodes else None
+            if self.remember_unfit and (self.unfit.get(name) == seen
+                                        or (shape is not None and unfit_shapes.get(shape) == seen)):
+                self.unfit[name] = seen
+                waiting.append(name)
+            elif self._admit(job, upcoming):
+                self.unfit.pop(name, None)
+                admitted.append(name)
+            else:
+                self.unfit[name] = seen = replace(seen, capacity_version=state.capacity_version)
+                if shape is not None:
+                    unfit_shapes[shape] = seen
+                waiting.append(name)
+        return admitted
 
-    def _admit(self, job: JobRecord) -> bool:
+    def _admit(self, job: JobRecord, upcoming: tuple[str, ...]) -> bool:
         """Admit `job` by the policy's decision, or, when its ranks attached already and that decision
         would leave one of their nodes out (I4), by its cheapest placement that covers them: a join of a
         group holding them, or a new group whose new nodes are them (`pinned_options`)."""
         free = _attach_first(self._free_for(job.spec), job.attach_nodes)
-        decision = self._decide(job.spec, free)
+        decision = self._decide(job.spec, free, [self.state.jobs[n].spec for n in upcoming])
         tries = [decision] if decision is not None else []
         if job.attach_nodes:
             tries += [d for d in pinned_options(self.state.policy, job.spec, self.state.placement, job.attach_nodes)
@@ -211,26 +257,26 @@ class Admission:
         self.state.touch(f"job/{job.name}", job)
         return None
 
-    def _decide(self, spec: JobSpec, free: dict[Pool, list[str]]) -> PlacementDecision | None:
-        """The policy's decision for `spec` if the free nodes host it, else a fallback that they do.
+    def _decide(self, spec: JobSpec, free: dict[Pool, list[str]], upcoming: list[JobSpec]) -> PlacementDecision | None:
+        """The policy's decision for `spec` (knowing the `upcoming` pending jobs behind it) if the free
+        nodes host it, else a fallback that they do.
 
         The fleet is what it is (the live coordinator buys no node), so when the cheapest mode
         needs nodes that are not free, fall back to the disaggregated placement (the paper's),
         which may fit the nodes there are. Either try falls back to `work_aware` off (`_on_fleet`).
         Returns None when nothing fits now (the job stays pending).
         """
-        decision = self._on_fleet(spec, free)
+        decision = self._on_fleet(spec, free, upcoming)
         if not decision_fits(decision, free) and spec.deployment is None and decision.deployment is not Deployment.DISAGGREGATED:
-            decision = self._on_fleet(replace(spec, deployment=Deployment.DISAGGREGATED), free)
+            decision = self._on_fleet(replace(spec, deployment=Deployment.DISAGGREGATED), free, upcoming)
         return decision if decision_fits(decision, free) else None
 
-    def _on_fleet(self, spec: JobSpec, free: dict[Pool, list[str]]) -> PlacementDecision:
+    def _on_fleet(self, spec: JobSpec, free: dict[Pool, list[str]], upcoming: list[JobSpec]) -> PlacementDecision:
         """The policy's decision; if its new nodes are not free and the work-aware check refused a join
         (`occupancy`: the job would rather go alone on nodes the fleet does not have), the decision
         with `work_aware` off, which takes that join instead of leaving the job pending."""
         policy = self.state.policy
-        decision = place_pending(policy, spec, self.state.placement,  # knowing the jobs pending behind it
-                                 [self.state.jobs[n].spec for n in self.state.pending() if n != spec.name])
+        decision = place_pending(policy, spec, self.state.placement, upcoming)  # knowing the jobs pending behind it
         if (not decision_fits(decision, free) and isinstance(policy, RollMuxPolicy)
                 and policy.config.work_aware
                 and any(r.reason is RejectReason.OCCUPANCY for r in decision.rejections)):
@@ -300,6 +346,7 @@ class Admission:
         """Store the group as the placement holds it (its stored form only; no copy in memory)."""
         g: GroupState | None = self.state.placement.groups.get(gid)
         self.state.touch(f"group/{gid}", None if g is None else group_record(g))
+        self.state.capacity_changed()
 
     def restore_groups(self, groups: dict[str, GroupRecord]) -> None:
         """Rebuild the placement's groups from their stored form (coordinator restart), in creation order,
@@ -325,12 +372,23 @@ class Admission:
             released = self.unplace(job)
         transition(job, JOB_TRANSITIONS, JobState.REMOVED, now=state.wall(), reason=reason)
         del state.jobs[name]
+        self.unfit.pop(name, None)
         state.forget(f"job/{name}")
         state.notify(Notice(kind=NoticeKind.JOB, job=name, reason=reason))
         touched = set(job.rollout_nodes) | set(group_train)
         self.leases.grant_waiting(sorted(touched))
         self.try_admit()
         return released
+
+
+def _shape(spec: JobSpec) -> tuple[object, ...]:
+    """Every field of `spec` but its name."""
+    return tuple(getattr(spec, f.name) for f in fields(spec) if f.name != "name")
+
+
+def _lookahead(policy: PlacementPolicy) -> int:
+    """How many pending jobs behind a job its decision looks at (`place_pending`): RollMux's lookahead."""
+    return policy.config.lookahead_jobs if isinstance(policy, RollMuxPolicy) else 0
 
 
 def _attach_first(free: dict[Pool, list[str]], attach: tuple[str, ...]) -> dict[Pool, list[str]]:

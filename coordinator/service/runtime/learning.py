@@ -68,6 +68,7 @@ class PhaseLearning:
         solo_train = round(max(0.0, train_s - m.switch_train_s) / m.train_factor
                            + (sync_s(m.spec) if m.colocated else 0.0), 6)
         self.learner.observe(name, solo_roll, solo_train)
+        state.capacity_changed()  # the fleet prior pending jobs are judged with (`learner.prior`) may move
         window = self.learned.setdefault(name, [])
         window.append((solo_roll, solo_train))
         del window[:-self.learner.config.learn_window]
@@ -113,6 +114,7 @@ class PhaseLearning:
         if profile != group.members[name].profile:
             group.set_profile(name, profile)
             state.placement._reindex(group)  # noqa: SLF001  (saturation may change with the profile)
+            state.capacity_changed()
 
     def forget(self, name: str) -> None:
         """A job left: drop what was learned of it."""

@@ -86,6 +86,7 @@ class RuntimeState:
         # the policy's groups: membership written by Admission, profiles by PhaseLearning, node
         # availability follows the node records (`touch`)
         self.placement = ClusterState(cluster)
+        self.capacity_version = 0  # bumped by `capacity_changed`
         self._dirty: dict[str, Callable[[], str | None]] = {}
         self._notices: list[Notice] = []
 
@@ -105,6 +106,13 @@ class RuntimeState:
         if isinstance(record, NodeRecord):  # the policy's snapshot follows the node records
             self.placement.set_node(record.node_id, host_dram_bytes=record.host_dram_bytes,
                                     available=record.state is NodeState.READY)
+            self.capacity_changed()
+
+    def capacity_changed(self) -> None:
+        """What admission decides on changed (a node record, a group's membership, a member's profile, a
+        measured iteration):
+        a pending job that did not fit before may fit now (`Admission.try_admit` looks at it again)."""
+        self.capacity_version += 1
 
     def put(self, key: str, render: Callable[[], str | None]) -> None:
         """Store what `render` returns under `key` at the next commit (None deletes the key)."""
