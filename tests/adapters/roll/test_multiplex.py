@@ -4,7 +4,9 @@ through real RollMux services.
 One module-scoped run feeds every case (a ROLL job takes minutes to build when several build at once
 on 2 cores). Variable unset (solo):
 
-* ``solo-a`` and ``solo-a2``: the same RLVR job twice (greedy decoding); ``solo-b``: another learning rate;
+* ``solo-a``: an RLVR job (greedy decoding); ``solo-b``: another learning rate (the comparison's negative
+  control). That a rerun of ``solo-a`` agrees with it is shown by ``mux-a``, the same job opted in, which
+  must equal it metric for metric;
 * ``solo-g``: an agentic job (FrozenLake; ROLL's random LLM proxy, as hf_infer has no request path).
   Its per-step metrics are not compared with ``mux-g``: two solo runs of it do not agree (the env
   manager plays episodes continuously and the proxy draws from the process's ``random``, so which
@@ -55,7 +57,7 @@ KIND = {"g": "agentic"}
 LEASE_TTL_S = 5.0
 ORDER = [("rollout", 0), ("train", 0), ("sync", 0), ("rollout", 1), ("train", 1)]
 """A 2-step job's phases: the last step's weight push belongs to a step that never runs."""
-SOLO = ("solo-a", "solo-a2", "solo-b", "solo-g")
+SOLO = ("solo-a", "solo-b", "solo-g")
 MUX = ("mux-a", "mux-b", "mux-g", "mux-k")
 
 
@@ -172,11 +174,10 @@ def _ok(res: dict[str, Any]) -> list[dict[str, Any]]:
     return res["steps"]
 
 
-def test_two_solo_runs_of_one_job_agree_and_train(runs: dict[str, Any]) -> None:
-    a, a2, b = (_ok(runs[n]) for n in ("solo-a", "solo-a2", "solo-b"))
+def test_solo_runs_train_and_differ_with_the_learning_rate(runs: dict[str, Any]) -> None:
+    a, b = (_ok(runs[n]) for n in ("solo-a", "solo-b"))
     assert "actor/pg_loss@sum" in a[0] and "actor_train/grad_norm" in a[0]  # a real train_step ran
     assert stable_metrics(a[0])["token/response_length/mean"] > 0
-    assert metric_mismatches(a, a2) == []
     assert metric_mismatches(a, b, rel=1e-9, abs_tol=0.0) != []  # another learning rate: the comparison can fail
 
 
@@ -188,7 +189,7 @@ def test_agentic_jobs_train_solo_and_multiplexed(runs: dict[str, Any]) -> None:
 
 
 def test_unset_variable_patches_no_ray_worker(runs: dict[str, Any]) -> None:
-    for name in ("solo-a", "solo-a2", "solo-b"):
+    for name in ("solo-a", "solo-b"):
         workers = runs[name]["workers"]
         assert {"actor_train/0", "actor_infer/0", "scheduler/math_rule"} <= workers.keys()
         assert any(k.startswith("reward") for k in workers), workers
