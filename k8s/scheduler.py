@@ -182,7 +182,7 @@ class Scheduler:
                 cluster_jobs: dict[str, JobInfo]) -> GangDecision:
         # 3. the job's spec
         try:
-            gs = gang_spec(g)
+            gs = gang_spec(g, {name: n.pool for name, n in nodes.items()})
         except SchedulerError as exc:
             return GangDecision(job=g.job, code=exc.reason, message=f"waiting: {exc}")
         never = assign.never_fits(gs.pools, nodes)

@@ -7,7 +7,7 @@ pods' event can say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,14 +66,24 @@ def _gpu_count(ann: dict[str, str], key: str) -> int | None:
     return int(ann[key])
 
 
-def split_pools(gang: Gang, n_rollout: int | None) -> tuple[tuple[PodView, Pool], ...]:
-    """Each pod's pool: its own where it names one; the others fill rollout up to N_R, then training.
-    A pod without GPUs (a Ray head, the job's driver) without a pool goes with training."""
-    fixed = sum(p.gpus for p in gang.pods if p.pool is Pool.ROLLOUT)
+def split_pools(gang: Gang, n_rollout: int | None,
+                node_pools: Mapping[str, Pool | None] | None = None) -> tuple[tuple[PodView, Pool], ...]:
+    """Each pod's pool: its own where it names one, its node's where it is bound already (`node_pools`:
+    node name -> pool); the other pods fill rollout up to N_R, then training, in gang order. A pod without
+    GPUs (a Ray head, the job's driver) without a pool goes with training.
+
+    A bound pod keeps its node's pool so that a gang whose pods are replaced one by one (a Job's controller
+    after exit 75) gives each replacement the role of the pod it replaces, whatever the names sort as."""
+    node_pools = node_pools or {}
+
+    def own(pod: PodView) -> Pool | None:
+        return pod.pool or (node_pools.get(pod.node_name) if pod.node_name else None)
+
+    fixed = sum(p.gpus for p in gang.pods if own(p) is Pool.ROLLOUT)
     room = (n_rollout if n_rollout is not None else fixed) - fixed
     out = []
     for pod in gang.pods:
-        pool = pod.pool
+        pool = own(pod)
         if pool is None:
             pool = Pool.ROLLOUT if 0 < pod.gpus <= room else Pool.TRAIN
             if pool is Pool.ROLLOUT:
@@ -85,8 +95,8 @@ def split_pools(gang: Gang, n_rollout: int | None) -> tuple[tuple[PodView, Pool]
 _COLOCATED = {Deployment.COLOCATED_TRAIN.value: Pool.TRAIN, Deployment.COLOCATED_ROLLOUT.value: Pool.ROLLOUT}
 
 
-def gang_spec(gang: Gang) -> GangSpec:
-    """The job spec of a complete gang.
+def gang_spec(gang: Gang, node_pools: Mapping[str, Pool | None] | None = None) -> GangSpec:
+    """The job spec of a complete gang (`node_pools`: the pool of each node, for its bound pods).
 
     Raises:
         SchedulerError: BAD_INPUT, an annotation that does not parse or is out of range, pods that
@@ -103,7 +113,7 @@ def gang_spec(gang: Gang) -> GangSpec:
         total = sum(p.gpus for p in gang.pods)
         sums = want = {Pool.ROLLOUT: total, Pool.TRAIN: total}
     else:
-        pools = split_pools(gang, n_rollout)
+        pools = split_pools(gang, n_rollout, node_pools)
         sums = {pool: sum(p.gpus for p, q in pools if q is pool) for pool in Pool}
         want = {Pool.ROLLOUT: n_rollout if n_rollout is not None else sums[Pool.ROLLOUT],
                 Pool.TRAIN: n_train if n_train is not None else sums[Pool.TRAIN]}

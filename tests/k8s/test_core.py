@@ -235,3 +235,17 @@ def test_a_pod_without_gpus_goes_with_training() -> None:
     assert [(p.name, pool) for p, pool in gs.pools] == [("a-head", Pool.TRAIN), ("a-w0", Pool.ROLLOUT),
                                                          ("a-w1", Pool.TRAIN)]
     assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 8)
+
+
+def test_a_replacement_pod_takes_the_pool_its_bound_sibling_leaves_whatever_the_names_sort_as() -> None:
+    """A Job's controller replaces a relocated job's pods one by one: while one replacement is bound (to a
+    rollout node) the other is pending, and it must get training, even though its name sorts first."""
+    ann = {"rollmux.io/rollout-gpus": "8", "rollmux.io/train-gpus": "8"}
+    bound_obj = pod_obj("a-zz", "a", uid="uid-a-zz", annotations=ann)
+    bound_obj["spec"]["nodeName"] = "r1"
+    gang = gang_of(pod("a-00", annotations=ann), pod_view(bound_obj))
+    gs = gang_spec(gang, {"r1": Pool.ROLLOUT, "t1": Pool.TRAIN})
+    assert [(p.name, pool) for p, pool in gs.pools] == [("a-00", Pool.TRAIN), ("a-zz", Pool.ROLLOUT)]
+    assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 8)
+    # without the nodes' pools, the split goes by gang order, and gives the pending pod rollout
+    assert [pool for _, pool in gang_spec(gang).pools] == [Pool.ROLLOUT, Pool.TRAIN]

@@ -67,8 +67,9 @@ def test_a_directed_job_restarts_and_its_new_pods_bind_to_its_new_nodes(env: Env
 
     for pod in old_pods:  # it exits 75; its controller replaces the pods
         env.kube.delete(f"/api/v1/namespaces/{env.ns}/pods/{pod}", gracePeriodSeconds=0)
-    got = wait_for("the new pods bound", lambda: (b := bound(env, moved.job)) and set(b) != set(old_pods) and b,
-                   timeout_s=30)
+    got = wait_for("the new pods bound",  # the whole gang again, no old pod among it
+                   lambda: (b := bound(env, moved.job)) and len(b) == len(old_pods) and not set(b) & set(old_pods)
+                   and b, timeout_s=30)
     assert set(got.values()) == new_nodes
     rollout_pod = next(p for p, n in got.items() if n in info.rollout_nodes)
     assert got[rollout_pod] in info.rollout_nodes
