@@ -160,6 +160,20 @@ def test_a_rank_keeping_memory_holds_the_release_until_it_frees_it(coordinator, 
     assert released["gpu_bytes"] == {str(os.getpid()): 300 << 20}
 
 
+def _run_rank_script(coordinator, standin_node, standin: Path, job: str, script: str) -> tuple[Node, str]:  # type: ignore[no-untyped-def]
+    """Run `script` as `job`'s rank on a rollout node whose sidecar waits 1 s for memory (the stand-in
+    directory is its argument); returns the node and the script's output."""
+    node = standin_node("r0", Pool.ROLLOUT, memory_wait_s=1.0)
+    standin_node("t0", Pool.TRAIN, memory_wait_s=1.0)
+    token = register(coordinator, job)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
+    e.update({"PYTHONPATH": str(REPO), env.SIDECAR_SOCKET: node.socket, env.JOB: job, env.JOB_TOKEN: token})
+    proc = subprocess.run([sys.executable, "-c", script, str(standin)], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=WAIT_S + 30)
+    assert proc.returncode == 0, proc.stderr
+    return node, proc.stdout
+
+
 RANK_KEEPS_MEMORY = r"""
 import os, sys, rollmux
 from rollmux.sidecar.gpu import write_standin_bytes
@@ -173,15 +187,8 @@ rollmux.shutdown()
 
 def test_memory_still_held_when_the_wait_ends_is_reported_by_pid_and_the_node_released(
         coordinator, standin_node, standin) -> None:
-    node = standin_node("r0", Pool.ROLLOUT, memory_wait_s=1.0)
-    standin_node("t0", Pool.TRAIN, memory_wait_s=1.0)
-    token = register(coordinator, "job-n")
-    e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
-    e.update({"PYTHONPATH": str(REPO), env.SIDECAR_SOCKET: node.socket, env.JOB: "job-n", env.JOB_TOKEN: token})
-    proc = subprocess.run([sys.executable, "-c", RANK_KEEPS_MEMORY, str(standin)], cwd=REPO, env=e,
-                          capture_output=True, text=True, timeout=WAIT_S + 30)
-    assert proc.returncode == 0, proc.stderr
-    pid = int(proc.stdout.split()[-1])
+    node, out = _run_rank_script(coordinator, standin_node, standin, "job-n", RANK_KEEPS_MEMORY)
+    pid = int(out.split()[-1])
     assert pid != os.getpid()
 
     (event,) = _events(node, "gpu_memory_not_freed")
@@ -208,15 +215,8 @@ engine.kill()
 
 
 def test_memory_held_by_a_process_under_a_rank_is_checked_and_named(coordinator, standin_node, standin) -> None:
-    node = standin_node("r0", Pool.ROLLOUT, memory_wait_s=1.0)
-    standin_node("t0", Pool.TRAIN, memory_wait_s=1.0)
-    token = register(coordinator, "job-e")
-    e = {k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}
-    e.update({"PYTHONPATH": str(REPO), env.SIDECAR_SOCKET: node.socket, env.JOB: "job-e", env.JOB_TOKEN: token})
-    proc = subprocess.run([sys.executable, "-c", RANK_WITH_AN_ENGINE_CHILD, str(standin)], cwd=REPO, env=e,
-                          capture_output=True, text=True, timeout=WAIT_S + 30)
-    assert proc.returncode == 0, proc.stderr
-    rank_pid, engine_pid = map(int, proc.stdout.split()[-2:])
+    node, out = _run_rank_script(coordinator, standin_node, standin, "job-e", RANK_WITH_AN_ENGINE_CHILD)
+    rank_pid, engine_pid = map(int, out.split()[-2:])
 
     (event,) = _events(node, "gpu_memory_not_freed")
     assert (event["pid"], event["rank_pid"], event["used_bytes"]) == (engine_pid, rank_pid, 4 << 30)
