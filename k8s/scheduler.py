@@ -143,6 +143,7 @@ class Scheduler:
             for gone in set(memo) - set(groups):
                 del memo[gone]
         used = usage(pods, nodes)  # kept up to date below as gangs bind
+        node_pools = {name: n.pool for name, n in nodes.items()}  # for the pods already bound
         now = self.clock()
         for (ns, job), members in sorted(groups.items()):
             uids = frozenset(p.uid for p in members)
@@ -163,7 +164,7 @@ class Scheduler:
                                                               f"job {job!r} exist; the gang binds together")
                 continue
             self._complete_since.setdefault((ns, job), self.clock())
-            decision = self._decide(g, nodes, used, cluster_jobs)
+            decision = self._decide(g, nodes, node_pools, used, cluster_jobs)
             decisions.append(decision)
             # 5. bind, or say why not
             if decision.bound:
@@ -178,11 +179,11 @@ class Scheduler:
         self.metrics.cycle_seconds.observe(time.perf_counter() - t0)
         return decisions
 
-    def _decide(self, g: Gang, nodes: dict[str, NodeView], used: dict,
+    def _decide(self, g: Gang, nodes: dict[str, NodeView], node_pools: dict[str, Pool | None], used: dict,
                 cluster_jobs: dict[str, JobInfo]) -> GangDecision:
         # 3. the job's spec
         try:
-            gs = gang_spec(g, {name: n.pool for name, n in nodes.items()})
+            gs = gang_spec(g, node_pools)
         except SchedulerError as exc:
             return GangDecision(job=g.job, code=exc.reason, message=f"waiting: {exc}")
         never = assign.never_fits(gs.pools, nodes)
