@@ -28,6 +28,7 @@ Torch is imported inside functions only: the sidecar daemon imports this package
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -593,10 +594,8 @@ class StateCache:
         """Wait for every copy already issued (after a failure, before storages are freed or reused)."""
         if self._copier is None:
             return
-        try:
+        with contextlib.suppress(BaseException):  # the first error is the one raised; the device may be lost
             self._copier.wait()
-        except BaseException:  # noqa: BLE001 - the first error is the one raised; the device may be lost
-            pass
 
 
 class CopyEngine(Protocol):

@@ -33,7 +33,7 @@ def _rollmux(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 def test_listed_help_is_each_modules_help() -> None:
     for name, (module, help_text) in COMMANDS.items():
-        assert importlib.import_module(module).HELP == help_text, name
+        assert help_text == importlib.import_module(module).HELP, name
 
 
 def test_sidecar_runs_without_numpy_or_rich(tmp_path: Path) -> None:

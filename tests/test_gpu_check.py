@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -65,13 +64,8 @@ def test_preflight_fails_with_one_line(tmp_path: Path, absent: tuple[str, ...], 
     assert says in lines[0] and "--prepare-wheels" in lines[0]
 
 
-def test_preflight_passes_here_and_names_the_versions(tmp_path: Path) -> None:
-    proc = _preflight(dict(os.environ))
-    assert proc.returncode == 0, proc.stderr
-    assert re.fullmatch(r"gpu_check preflight: ok \(torch \S+, grpcio \S+, protobuf \S+\)\n", proc.stdout)
-
-
 def test_declared_lower_bounds_are_the_stubs_versions() -> None:
+    tomllib = pytest.importorskip("tomllib")
     stubs = preflight.stub_versions()
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     bounds = {m.group(1): m.group(2) for d in deps["dependencies"] + deps["optional-dependencies"]["dev"]
@@ -156,7 +150,8 @@ def test_a_failing_stage_fails_the_run(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert not summary["ok"] and summary["stages"][0]["stage"] == "1-env"
-    assert summary["preflight"]["ok"]
+    assert summary["preflight"]["ok"] and re.fullmatch(r"gpu_check preflight: ok \(torch \S+, grpcio \S+, protobuf \S+\)",
+                                                          summary["preflight"]["line"])
     assert "[FAIL] 1-env" in proc.stdout and "torch sees a CUDA device" in proc.stdout
     assert "| 1-env | torch sees a CUDA device | false |" in (out / "summary.md").read_text()
 

@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import re
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -102,10 +103,17 @@ def installed(dist: str) -> str | None:
 
 def declared(pyproject: Path = ROOT / "pyproject.toml", platform: str = sys.platform) -> dict[str, str]:
     """rollmux's declared dependencies that apply on `platform`: name -> lower bound ("" if none)."""
-    import tomllib
+    try:
+        import tomllib
 
+        requirements = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    except ModuleNotFoundError:  # Python 3.10: the installed rollmux's metadata says the same
+        try:
+            requirements = [r for r in importlib.metadata.requires("rollmux") or [] if "extra ==" not in r]
+        except importlib.metadata.PackageNotFoundError:
+            requirements = []  # not installed yet: the stages' imports below still find what is missing
     out = {}
-    for req in tomllib.loads(pyproject.read_text())["project"]["dependencies"]:
+    for req in requirements:
         spec, _, marker = req.partition(";")
         m = re.match(r"\s*(sys_platform)\s*(==|!=)\s*['\"]([^'\"]+)['\"]\s*$", marker) if marker else None
         if marker and (m is None or (platform == m.group(3)) != (m.group(2) == "==")):
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default="", help="comma-separated stage numbers (default: all)")
     p.add_argument("--out", type=Path, default=None, help="folder for 0-preflight.json")
     args = p.parse_args(argv)
+    warnings.simplefilter("ignore")  # an import's warning (torch without numpy warns) would break the one line
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] or sorted(STAGE_MODULES)
     verdict = check(stages, gpu=not args.cpu)
     line = verdict.line()

@@ -69,7 +69,6 @@ def main() -> int:
         used = provider.process_memory([child.pid])
         if not args.cpu:
             import pynvml
-
             from nvml_facts import device_facts, env_checks, listed_pids
 
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
