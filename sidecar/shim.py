@@ -267,8 +267,8 @@ def register_state(*objects: Any, name: str | None = None) -> None:
     """Register modules, optimizers and loose tensors to be offloaded between phases.
 
     Outside a phase the registered state lives in host buffers allocated once for the job (here, for
-    the state registered so far and the optimizer state its first step creates); each phase reloads it
-    first and offloads it at the end. No-op when not opted in.
+    the state registered so far and the gradients and optimizer state training will add); each phase
+    reloads it first and offloads it at the end. No-op when not opted in.
 
     Args:
         objects: ``torch.nn.Module``, ``torch.optim.Optimizer`` or ``torch.Tensor`` instances.

@@ -420,29 +420,33 @@ class StateCache:
 
     def expected_bytes(self) -> int:
         """Host bytes the first offload will need, as far as registration tells: the registered storages
-        now, plus the optimizer state an Adam-like or momentum optimizer creates at its first step.
+        now, plus what training creates for the parameters of a registered optimizer: their gradients
+        and the state an Adam-like or momentum optimizer creates at its first step.
 
-        Gradients are not counted (many trainers drop them before the phase ends); what this misses is
-        allocated at the first offload, as without a reservation.
+        Parameters no registered optimizer trains (a rollout's policy) are not given gradients; what this
+        misses is allocated at the first offload, as without a reservation.
         """
         if self.state is not CacheState.RESIDENT:
             return self.host_bytes()
         entries = self._collect()
         align = self.config.alignment
+
+        def aligned(t: Any) -> int:
+            return -(-t.numel() * t.element_size() // align) * align
+
         total = sum(-(-e.nbytes // align) * align for e in entries)
         for optimizer in self._optimizers:
-            if optimizer.state:
-                continue  # its state exists and was counted above
-            slots = _optimizer_slots(optimizer)
+            slots = 0 if optimizer.state else _optimizer_slots(optimizer)  # existing state was counted above
             for group in optimizer.param_groups:
                 # Adam's ``step`` counter is a host scalar unless capturable or fused keep it on the device.
                 step_here = slots > 0 and type(optimizer).__name__ in _ADAM_LIKE and (
                     self._device.type == "cpu" or bool(group.get("capturable") or group.get("fused")))
                 for param in group["params"]:
                     local = _plain(param)
-                    if local.device == self._device:
-                        total += slots * -(-local.numel() * local.element_size() // align) * align
-                        total += align if step_here else 0
+                    if local.device != self._device:
+                        continue
+                    total += slots * aligned(local) + (align if step_here else 0)
+                    total += aligned(local) if param.grad is None else 0  # its gradient, after a backward
         return total
 
     def release(self) -> None:

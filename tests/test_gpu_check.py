@@ -127,6 +127,8 @@ def test_nccl_outcome_accepts_a_refusal_with_its_text_but_not_a_hang() -> None:
         "accepted: the rollout received the model bit for bit", True)
     assert not nccl_outcome([{"rank": 0}, {"rank": 1, "bitwise": False}])[1]
     assert not nccl_outcome([{"rank": 0}, {"rank": 1, "error": "no result within 45s"}])[1]
+    text, ok = nccl_outcome([refused[0], {"rank": 1, "error": "no result within 30s"}])  # its peer waited on it
+    assert ok and "Duplicate GPU detected" in text
 
 
 def test_summary_table_has_a_row_per_check_with_its_threshold() -> None:

@@ -56,7 +56,7 @@ def _stages(out: Path, cpu: bool, small: bool) -> list[Stage]:
               argv=(str(HERE / "stage_env.py"), "--out", str(out / "1-env.json"), *mode), timeout_s=45),
         Stage(name="2-cuda-tests", title="the tests that skip without CUDA",
               argv=(str(HERE / "stage_tests.py"), "--out", str(out / "2-cuda-tests.json"), *mode),
-              timeout_s=120),
+              timeout_s=105),
         Stage(name="3-state-cache", title=f"state cache offload/reload of {gb} GB vs plain copy and module.to()",
               argv=(str(ROOT / "benchmarks" / "state_cache.py"), "--gb", gb, "--repeats", "1" if small else "3",
                     "--device", "cpu" if cpu else "cuda", "--json", str(out / "3-state-cache.bench.json")),
@@ -66,12 +66,12 @@ def _stages(out: Path, cpu: bool, small: bool) -> list[Stage]:
               argv=(str(HERE / "stage_multiplex.py"), "--out", str(out / "4-multiplex.json"),
                     "--workdir", str(out / "multiplex"), *mode), timeout_s=150),
         Stage(name="5-sync", title="sync plugin: gloo with device tensors, and NCCL 1 trainer + 1 rollout on one GPU",
-              argv=(str(HERE / "stage_sync.py"), "--out", str(out / "5-sync.json"), *mode), timeout_s=60),
+              argv=(str(HERE / "stage_sync.py"), "--out", str(out / "5-sync.json"), *mode), timeout_s=75),
     ]
 
 
 TOTAL_BUDGET_S = 450.0
-"""The stages' limits add up to this (45 + 120 + 75 + 150 + 60 s): with the pre-flight and the offline install,
+"""The stages' limits add up to this (45 + 105 + 75 + 150 + 75 s): with the pre-flight and the offline install,
 a GPU run ends within 8 minutes."""
 
 PCIE_FRACTION_MIN = 0.7

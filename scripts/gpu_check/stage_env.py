@@ -46,7 +46,7 @@ def main() -> int:
 
     fig: dict = {"python": platform.python_version(), "torch": torch.__version__,
                  "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
-                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+                 "nccl": _nccl_version(torch),
                  "default_process_limit_bytes": DEFAULT_PROCESS_LIMIT_BYTES}
     if not args.cpu and not torch.cuda.is_available():
         return result.write(args.out, figures=fig, notes=[], checks=[
@@ -99,6 +99,15 @@ def main() -> int:
                             fig["limit_over_context"], ">= 1 (else raise rollmux.sidecar.gpu.CUDA_CONTEXT_BYTES)",
                             context <= DEFAULT_PROCESS_LIMIT_BYTES))
     return result.write(args.out, figures=fig, notes=[], checks=checks)
+
+
+def _nccl_version(torch: object) -> str | None:
+    """NCCL's version as torch reports it (a tuple, or an int in older releases); None without CUDA/NCCL."""
+    try:
+        v = torch.cuda.nccl.version()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a CPU build, or torch without NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 if __name__ == "__main__":
