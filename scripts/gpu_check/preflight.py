@@ -61,8 +61,11 @@ class Verdict:
         if self.ok:
             return "gpu_check preflight: ok (" + ", ".join(f"{k} {v}" for k, v in self.versions.items()) + ")"
         parts = []
-        if self.missing:
-            parts.append("missing " + ", ".join(f"{p} (stage {','.join(s)})" for p, s in self.missing.items()))
+        by_stages: dict[str, list[str]] = {}
+        for package, stages in self.missing.items():
+            by_stages.setdefault(",".join(sorted(stages)), []).append(package)
+        if by_stages:
+            parts.append("missing " + ", ".join(f"{', '.join(ps)} (stage {st})" for st, ps in by_stages.items()))
         parts += [f"{p} {v['installed']} is older than {v['needed']} (the stubs' or rollmux's bound)"
                   for p, v in self.too_old.items()]
         parts += [f"{m} fails to import: {e}" for m, e in self.broken.items()]
@@ -156,8 +159,8 @@ def check(stages: list[str], gpu: bool) -> Verdict:
                 importlib.import_module(module)
             except ModuleNotFoundError as exc:
                 top = (exc.name or module).split(".")[0]
-                if top == "rollmux":
-                    v.broken[module] = f"{exc} (install rollmux from this checkout)"
+                if top == "rollmux":  # one entry, not one per module
+                    v.broken["rollmux"] = "not installed (pip install -e . from this checkout)"
                     continue
                 package = DISTRIBUTIONS.get(top, top)
                 if package not in v.too_old and stage not in v.missing.setdefault(package, []):
