@@ -439,7 +439,7 @@ class StateCache:
             slots = 0 if optimizer.state else _optimizer_slots(optimizer)  # existing state was counted above
             for group in optimizer.param_groups:
                 # Adam's ``step`` counter is a host scalar unless capturable or fused keep it on the device.
-                step_here = slots > 0 and type(optimizer).__name__ in _ADAM_LIKE and (
+                step_here = slots > 0 and _adam_like(optimizer) and (
                     self._device.type == "cpu" or bool(group.get("capturable") or group.get("fused")))
                 for param in group["params"]:
                     local = _plain(param)
@@ -684,12 +684,16 @@ def _optimizer_slots(optimizer: Any) -> int:
     """How many parameter-sized state tensors the optimizer creates per parameter at its first step
     (0 when unknown: that state is then allocated at the first offload)."""
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
-    kind = type(optimizer).__name__
-    if kind in _ADAM_LIKE:
+    if _adam_like(optimizer):
         return 3 if group.get("amsgrad") else 2
-    if kind == "SGD":
+    if any(c.__name__ == "SGD" for c in type(optimizer).__mro__):
         return 1 if group.get("momentum") else 0
     return 0
+
+
+def _adam_like(optimizer: Any) -> bool:
+    """Adam or a subclass of one of the Adam family (a wrapper that registers itself, say)."""
+    return any(c.__name__ in _ADAM_LIKE for c in type(optimizer).__mro__)
 
 
 _INDEXLESS = frozenset({"cpu", "meta"})

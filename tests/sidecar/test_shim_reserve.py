@@ -17,7 +17,10 @@ def test_register_state_reserves_what_the_first_offload_needs(monkeypatch: pytes
     monkeypatch.setattr(shim, "_runtime", rt)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 64))
-    opt = torch.optim.AdamW(model.parameters())
+    class SelfRegisteringAdamW(torch.optim.AdamW):  # what a launcher's wrapper looks like (rollmux_rank)
+        pass
+
+    opt = SelfRegisteringAdamW(model.parameters())
     shim.register_state(model, opt, name="policy")
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert rt.cache.host_bytes() >= 4 * params  # weights, gradients and AdamW's two moments, before any step
