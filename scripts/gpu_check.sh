@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The one-command device check (docs/how-to/gpu-check.md): a pre-flight, then five stages, each with its
-# own timeout; results land in --out as each stage ends (summary.json, summary.md, one JSON per stage,
-# gpu_check.log), so a run cut short still returns what it measured.
+# own timeout; results land in --out as each stage ends (summary.json, summary.md, gpu_check.log and
+# details.tar.gz of each stage's files), so a run cut short still returns what it measured.
 #
 #   bash scripts/gpu_check.sh --prepare-wheels          # here, with network: the wheels the GPU box lacks
 #   bash scripts/gpu_check.sh --out "$OUT"              # on the GPU box (no network), about 5 minutes
 #   bash scripts/gpu_check.sh --out DIR --cpu           # the same stages on CPU tensors, with the sidecar's
 #                                                       # per-PID stand-in for NVML (CI runs --cpu --small)
 #
-# Flags: --out DIR (default out/gpu-check), --cpu, --small (scaled-down sizes), --stages 1,3 (a subset),
+# Flags: --out DIR (default out/gpu-check), --work DIR (each stage's files; default a new /tmp folder),
+# --cpu, --small (scaled-down sizes), --stages 1,3 (a subset),
 # --wheels DIR (default out/gpu-check-wheels, ignored by git), --site DIR (where the wheels are installed,
 # default /tmp/gpu-check-site; it goes first on PYTHONPATH, so the machine's own packages stay untouched).
 # --prepare-wheels takes --target-python X.Y (default 3.12, the GPU image's python3) or --for-this-python
@@ -27,6 +28,7 @@ PY=${PYTHON:-python3}
 OUT=$ROOT/out/gpu-check
 WHEELS=$ROOT/out/gpu-check-wheels
 SITE=/tmp/gpu-check-site
+WORK=""
 PREPARE=0
 TARGET_PY=3.12
 RUN_ARGS=()
@@ -37,13 +39,14 @@ while [[ $# -gt 0 ]]; do
     --out) OUT=$2; shift 2 ;;
     --wheels) WHEELS=$2; shift 2 ;;
     --site) SITE=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
     --prepare-wheels) PREPARE=1; shift ;;
     --target-python) TARGET_PY=$2; shift 2 ;;
     --for-this-python) TARGET_PY=this; shift ;;
     --cpu) RUN_ARGS+=("$1"); PRE_ARGS+=("$1"); shift ;;
     --small) RUN_ARGS+=("$1"); shift ;;
     --stages) RUN_ARGS+=("$1" "$2"); PRE_ARGS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -68,7 +71,8 @@ if [[ $PREPARE == 1 ]]; then
 fi
 
 mkdir -p "$OUT"
-preflight() { (cd "$ROOT" && "$PY" scripts/gpu_check/preflight.py --out "$OUT" "${PRE_ARGS[@]}") 2>&1; }
+WORK=${WORK:-$(mktemp -d /tmp/gpu-check-work.XXXXXX)}
+preflight() { (cd "$ROOT" && "$PY" scripts/gpu_check/preflight.py --out "$WORK" "${PRE_ARGS[@]}") 2>&1; }
 if ! line=$(preflight); then
   echo "$line"
   shopt -s nullglob
@@ -92,4 +96,4 @@ if ! line=$(preflight); then
 fi
 echo "$line"
 cd "$ROOT"
-exec "$PY" scripts/gpu_check/run.py --out "$OUT" "${RUN_ARGS[@]}"
+exec "$PY" scripts/gpu_check/run.py --out "$OUT" --work "$WORK" "${RUN_ARGS[@]}"

@@ -147,7 +147,8 @@ def test_a_failing_stage_fails_the_run(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: stage 1 would pass")
     out = tmp_path / "gpu-check"
-    proc = subprocess.run(["bash", str(SCRIPT), "--stages", "1", "--out", str(out)], cwd=tmp_path,
+    proc = subprocess.run(["bash", str(SCRIPT), "--stages", "1", "--out", str(out), "--work", str(tmp_path / "work")],
+                          cwd=tmp_path,
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -156,6 +157,7 @@ def test_a_failing_stage_fails_the_run(tmp_path: Path) -> None:
                                                           summary["preflight"]["line"])
     assert "[FAIL] 1-env" in proc.stdout and "torch sees a CUDA device" in proc.stdout
     assert "| 1-env | torch sees a CUDA device | false |" in (out / "summary.md").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["details.tar.gz", "gpu_check.log", "summary.json", "summary.md"]
 
 
 # ---------------------------------------------------------------------------- the CPU twin, in CI
@@ -218,7 +220,8 @@ def test_cpu_twin_passes_in_a_venv_holding_only_what_the_gpu_box_has(tmp_path: P
     out = tmp_path / "gpu-check"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLMUX_", "PYTHON", "VIRTUAL_ENV"))}
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu", "--small", "--out", str(out), "--wheels", str(wheels),
-                           "--site", str(tmp_path / "site")], cwd=tmp_path, env={**env, "PYTHON": str(python)},
+                           "--site", str(tmp_path / "site"), "--work", str(tmp_path / "work")], cwd=tmp_path,
+                          env={**env, "PYTHON": str(python)},
                           capture_output=True, text=True, timeout=1200)
     log = (out / "gpu_check.log").read_text() if (out / "gpu_check.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:] + log[-4000:]

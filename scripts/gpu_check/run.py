@@ -1,9 +1,13 @@
 """The device check's runner: five stages, each a child process with its own timeout.
 
-Run through ``scripts/gpu_check.sh`` (which installs what the machine lacks). Each stage writes
-``<out>/<stage>.json`` (``{"ok": bool, "figures": {...}, "notes": [...]}``); the runner appends the
-stage's output to ``<out>/gpu_check.log``, rewrites ``<out>/summary.json`` as each stage ends, prints
-one line per stage and exits non-zero when a stage failed (a stage that timed out or crashed fails).
+Run through ``scripts/gpu_check.sh`` (which runs the pre-flight and installs what the machine lacks).
+Each stage writes ``<work>/<stage>.json`` (``{"ok", "figures", "checks", "notes"}``). As each stage
+ends the runner appends its output to ``<out>/gpu_check.log``, rewrites ``<out>/summary.json`` and
+``<out>/summary.md`` (one row per check, its threshold beside what it measured) and packs the work
+folder into ``<out>/details.tar.gz``: four files, so a device tool that returns only a few files from
+its output folder returns all of them, and a run cut short still returns what it measured. It prints
+one line per stage and one per check, and exits non-zero when a stage failed (a stage that timed out
+or crashed fails).
 
 ``--cpu`` runs the same stages on CPU tensors, with the sidecar's per-PID stand-in provider in place of
 NVML; ``--small`` scales the sizes down (the test suite runs ``--cpu --small``).
@@ -16,6 +20,8 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -142,6 +148,14 @@ def markdown(summary: dict) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+def pack(work: Path, dest: Path) -> None:
+    """The work folder (each stage's JSON, the benchmark's figures, the jobs' logs) as one archive."""
+    tmp = dest.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(work, arcname="gpu-check-work")
+    tmp.replace(dest)
+
+
 def _rule(check: dict) -> str:
     if check["ok"] is not None:
         return f"needs {check['threshold']}"
@@ -192,7 +206,10 @@ def printed(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="folder for gpu_check.log, summary.json and each stage's result")
+    p.add_argument("--out", required=True, type=Path,
+                   help="folder for gpu_check.log, summary.json, summary.md and details.tar.gz")
+    p.add_argument("--work", type=Path, default=None,
+                   help="folder for each stage's files (default: a new temporary folder)")
     p.add_argument("--cpu", action="store_true", help="CPU tensors and the per-PID stand-in instead of NVML")
     p.add_argument("--small", action="store_true", help="scaled-down sizes (the test suite's run)")
     p.add_argument("--stages", default="", help="comma-separated stage numbers to run (default: all)")
@@ -202,21 +219,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    work = (args.work or Path(tempfile.mkdtemp(prefix="gpu-check-work-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
     log, summary_path = out / "gpu_check.log", out / "summary.json"
     log.write_text(f"gpu_check {'--cpu ' if args.cpu else ''}{'--small ' if args.small else ''}at {time.ctime()}\n")
     chosen = {s.strip() for s in args.stages.split(",") if s.strip()}
     deadline = time.monotonic() + (args.budget_s or TOTAL_BUDGET_S * (CPU_SLACK if args.cpu else 1))
     summary: dict = {"mode": "cpu" if args.cpu else "gpu", "small": args.small, "stages": []}
-    if (out / "0-preflight.json").exists():  # written by scripts/gpu_check.sh just before
-        summary["preflight"] = json.loads((out / "0-preflight.json").read_text())
-    for stage in stages(out, args.cpu, args.small):
+    if (work / "0-preflight.json").exists():  # written by scripts/gpu_check.sh just before
+        summary["preflight"] = json.loads((work / "0-preflight.json").read_text())
+    for stage in stages(work, args.cpu, args.small):
         if chosen and stage.name.split("-")[0] not in chosen:
             continue
-        result = run_stage(stage, out, log, not args.cpu, deadline)
+        result = run_stage(stage, work, log, not args.cpu, deadline)
         summary["stages"].append(result)
         summary["ok"] = all(r["ok"] for r in summary["stages"])
         summary_path.write_text(json.dumps(summary, indent=2))
         (out / "summary.md").write_text(markdown(summary))
+        pack(work, out / "details.tar.gz")
         print(f"[{'PASS' if result['ok'] else 'FAIL'}] {stage.name} ({result['wall_s']:.0f}s): {stage.title}"
               + printed(result), flush=True)
     ok = bool(summary["stages"]) and all(r["ok"] for r in summary["stages"])
