@@ -19,7 +19,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 sys.path.insert(0, str(ROOT / "scripts" / "gpu_check"))
 
 import preflight  # noqa: E402
-from nvml_facts import env_checks  # noqa: E402
+from nvml_facts import device_facts, env_checks, listed_pids  # noqa: E402
 from run import markdown, state_cache_checks  # noqa: E402
 from stage_sync import nccl_outcome  # noqa: E402
 
@@ -115,6 +115,49 @@ def test_env_stage_fails_for_exclusive_mode_mig_and_an_unseen_pid() -> None:
     assert len(_failed(env_checks({**good, "mig_current": True}, True))) == 1
     unseen = _failed(env_checks(good, pid_seen=False))
     assert len(unseen) == 1 and "PID namespace?" in unseen[0]
+
+
+class StandInNvml:
+    """A stand-in for pynvml (no GPU here): an H100 in EXCLUSIVE_PROCESS mode without MIG support,
+    listing host PIDs 7 and 9."""
+
+    class NotSupported(Exception):
+        pass
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetComputeMode(self, h: int) -> int:
+        return 3
+
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        raise self.NotSupported("Not Supported")
+
+    def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
+        return 1
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
+        return 5
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int:
+        return 16
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list:
+        return [type("P", (), {"pid": 7})(), type("P", (), {"pid": 9})()]
+
+
+def test_env_stage_reads_nvml_facts_and_names_what_blocks_multiplexing() -> None:
+    nv = StandInNvml()
+    facts = device_facts(nv, 0)
+    assert facts == {"name": "NVIDIA H100 80GB HBM3", "compute_mode": "EXCLUSIVE_PROCESS", "mig_current": None,
+                     "mig_pending": None, "persistence": True, "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16}
+    assert listed_pids(nv, [0]) == {7, 9}
+    assert _failed(env_checks(facts, pid_seen=8 in listed_pids(nv, [0]))) == [
+        "compute mode lets several processes share the GPU",
+        "NVML lists this process's child by its PID (if not: PID namespace?)"]
 
 
 def test_nccl_outcome_accepts_a_refusal_with_its_text_but_not_a_hang() -> None:
