@@ -137,7 +137,7 @@ def _nvml_bytes() -> int | None:
     """This process's GPU memory as NVML reports it (None without NVML)."""
     from rollmux.sidecar.gpu import detect
 
-    provider = detect("unknown", 1)
+    provider = detect("H100", 1, gpu_type_given=True)  # any catalog key: only the per-process figure is read
     used = provider.process_memory([os.getpid()])
     return None if used is None else used[os.getpid()]
 
