@@ -56,10 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-loop", choices=[e.value for e in EventLoop], default=EventLoop.AUTO.value,
                         help="the event loop the service runs on: auto = uvloop where installed (a dependency "
                              "of rollmux except on Windows), asyncio otherwise. uvloop schedules the service's "
-                             "calls with fewer slow ones than asyncio at the same CPU (docs/coordinator.md) "
+                             "calls with fewer slow ones than asyncio at the same CPU (docs/design/decisions.md) "
                              "[default: auto]")
     parser.add_argument("--deployment-modes", action="store_true",
-                        help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
+                        help="choose each job's deployment mode (co-located where cheaper; docs/design/policy.md); "
                              "default: every job disaggregated")
     add_mechanism_flags(parser, only=LIVE_MECHANISMS)
     parser.add_argument("--relocation-deadline", type=float, default=120.0,
