@@ -70,3 +70,17 @@ def test_the_deployment_mode_survives_a_restart_in_the_records() -> None:
 def test_without_the_flag_every_job_is_disaggregated() -> None:
     rt, _ = make_runtime(n_rollout=1, n_train=1)
     assert register(rt, "a", t_roll_s=20, t_train_s=200, slo=1.3).deployment == "disaggregated"
+
+
+def test_the_job_view_and_the_wire_carry_the_chosen_mode() -> None:
+    """`rollmux status` and GetJob show the mode a job's phases are laid out by; "" before it is decided."""
+    from rollmux.coordinator.service.servicer import job_status
+    from rollmux.wire.convert import job_info_from_pb, job_info_to_pb
+
+    rt, _ = make_runtime(n_rollout=0, n_train=1, modes=True)
+    register(rt, "a", t_roll_s=20, t_train_s=200, slo=1.3)
+    info = job_status(rt, "a")
+    assert info.deployment == "colocated-train"
+    assert job_info_from_pb(job_info_to_pb(info)).deployment == "colocated-train"
+    waiting = register(rt, "b", nt=64, t_roll_s=20, t_train_s=200, slo=1.3)  # no node can take it yet
+    assert waiting.state.value == "pending" and job_status(rt, "b").deployment == ""
