@@ -166,7 +166,7 @@ class ServiceConfig:
 # ----------------------------------------------------------------------------------------------
 
 
-class IllegalTransitionError(lifecycle.IllegalTransitionError):
+class CoordinatorTransitionError(lifecycle.IllegalTransitionError):
     """A state machine was asked for an edge its transition table does not allow (a bug)."""
 
 
