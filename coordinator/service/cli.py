@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-interval", type=float, default=2.0,
                         help="how often sidecars send heartbeats, s (a node silent 3 intervals turns LOST)")
     parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
-                        help="placement policy by name, as in `rollmux place` and `rollmux sim` [default: rollmux]")
+                        help="placement policy by name, as in `rollmux place` and `rollmux simulate` [default: rollmux]")
     parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
     parser.add_argument("--catalog", help="YAML GPU catalog overrides ({gpus: {NAME: {tflops, hbm_gb, hbm_tb_s, "
                                           "usd_per_gpu_h}}}); nodes must report a GPU type it lists")
