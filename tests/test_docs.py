@@ -265,26 +265,35 @@ def test_helm_values_named_exist(page: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ the README's example
-def _readme_place_example() -> list[str]:
-    """The lines of the text block that follows the README's plain `rollmux place` command."""
-    text = (ROOT / "README.md").read_text()
-    m = re.search(r"^rollmux place\s+#[^\n]*\n.*?^```\n+```text\n(.*?)^```", text, flags=re.M | re.S)
-    assert m, "README.md: no `rollmux place` example followed by a ```text block of its output"
+PLACE_EXAMPLES = ("README.md", "docs/how-to/plan-capacity.md")
+
+
+def _place_example(page: str) -> list[str]:
+    """The lines of the text block that follows the page's plain `rollmux place` command."""
+    text = (ROOT / page).read_text()
+    m = re.search(r"^rollmux place\s+#[^\n]*\n.*?^```\n+(?:[^`]*\n)?```text\n(.*?)^```", text, flags=re.M | re.S)
+    assert m, f"{page}: no `rollmux place` example followed by a ```text block of its output"
     return [line.rstrip() for line in m.group(1).splitlines() if line.strip()]
 
 
-def test_the_readme_place_example_prints_what_the_readme_shows() -> None:
+@functools.cache
+def _place_output() -> tuple[str, ...]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ROLLMUX_")}, "COLUMNS": "400"}
     proc = subprocess.run([sys.executable, "-m", "rollmux", "place"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    printed = [line.rstrip() for line in proc.stdout.splitlines()]
-    shown = _readme_place_example()
+    return tuple(line.rstrip() for line in proc.stdout.splitlines())
+
+
+@pytest.mark.parametrize("page", PLACE_EXAMPLES)
+def test_the_place_example_prints_what_the_page_shows(page: str) -> None:
+    """Every line the page shows (but `...`) is a line `rollmux place` prints now, the summary included."""
+    printed, shown = _place_output(), _place_example(page)
     missing = [line for line in shown if line != "..." and line not in printed]
-    assert not missing, "README.md's `rollmux place` output differs from what it prints now:\n" + "\n".join(
-        f"  shown:   {line}" for line in missing) + "\n  printed: " + "\n  printed: ".join(
-        line for line in printed if line.startswith(("RollMux $", shown[0].split(" -> ")[0])))
-    assert shown[-1].startswith("RollMux $") and shown[-1] in printed, "the README must show the summary line"
+    summary = [line for line in printed if line.startswith("RollMux $")]
+    assert not missing, f"{page}: its `rollmux place` output differs from what it prints now:\n" + "\n".join(
+        f"  shown:   {line}" for line in missing) + "\n  printed: " + "\n  printed: ".join(summary)
+    assert shown[-1].startswith("RollMux $") and shown[-1] in printed, f"{page} must show the summary line"
 
 
 # --------------------------------------------------------------------------------- no history words
