@@ -29,7 +29,7 @@ def _pages() -> list[Path]:
     """Every Markdown page a user reads, plus the chart's install notes."""
     pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "charts" / "rollmux" / "README.md",
              ROOT / "charts" / "rollmux" / "templates" / "NOTES.txt"]
-    for folder in ("docs", "benchmarks/results"):
+    for folder in ("docs", "benchmarks/results", "examples"):
         pages += sorted((ROOT / folder).rglob("*.md"))
     return pages
 
