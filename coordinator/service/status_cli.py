@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rollmux.core.model import Lease
 
-HELP = "Show the coordinator's groups, jobs, per-node queues and leases."
+HELP = "Show the coordinator's groups, jobs (state, group, deployment mode, next phase, lease), per-node queues and leases."
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
