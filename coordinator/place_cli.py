@@ -31,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from rollmux.coordinator.policies import ONLINE_POLICIES
 
     parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
-                        help="placement policy by name, as in `rollmux coordinator` and `rollmux sim` [default: rollmux]")
+                        help="placement policy by name, as in `rollmux coordinator` and `rollmux simulate` [default: rollmux]")
     parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
     parser.add_argument("--json", type=Path, default=None, help="also write the decisions and groups as JSON here")
     parser.add_argument("--quiet", action="store_true", help="print only the summary table")

@@ -38,7 +38,7 @@ BUILTIN_MIX: tuple[JobSpec, ...] = (
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementRun:
     decisions: tuple[PlacementDecision, ...]
-    moves: tuple[Move, ...]  # relocations regrouping made after the placements (docs/policy.md)
+    moves: tuple[Move, ...]  # relocations regrouping made after the placements (docs/design/policy.md)
     groups: tuple[dict[str, Any], ...]  # one summary per group (ids, jobs, nodes, cost, T_cycle, T_load)
     usd_per_h: float  # total cost of all groups
     solo_usd_per_h: float  # dedicated pools: each job on its own N_R + N_T GPUs

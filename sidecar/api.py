@@ -57,7 +57,7 @@ class PlacementMismatchError(RankLeaseError):
     code = ErrorCode.PLACEMENT_MISMATCH
 
 
-class IllegalTransitionError(SidecarError, lifecycle.IllegalTransitionError):
+class SidecarTransitionError(SidecarError, lifecycle.IllegalTransitionError):
     """A state change the lifecycle's transition table does not allow."""
 
     code = ErrorCode.RANK_LEASE
@@ -93,9 +93,9 @@ def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float
     """Move ``record.state`` to `new` through `table` (see `rollmux.core.lifecycle.transition`).
 
     Raises:
-        IllegalTransitionError: the edge is not in the table; the record is unchanged.
+        SidecarTransitionError: the edge is not in the table; the record is unchanged.
     """
-    lifecycle.transition(record, table, new, now=now, reason=reason, error=IllegalTransitionError,
+    lifecycle.transition(record, table, new, now=now, reason=reason, error=SidecarTransitionError,
                          history_limit=HISTORY_LIMIT)
 
 
@@ -220,7 +220,7 @@ class RankLease:
         return f"rank lease {self.rank_id}"
 
     def move(self, new: RankState, reason: str) -> None:
-        """Transition through :data:`RANK_TRANSITIONS` (raises ``IllegalTransitionError``)."""
+        """Transition through :data:`RANK_TRANSITIONS` (raises ``SidecarTransitionError``)."""
         _transition(self, RANK_TRANSITIONS, new, now=time.time(), reason=reason)
 
     @property

@@ -20,7 +20,7 @@ from rollmux.sidecar import env
 from rollmux.sidecar.api import ShimConfigError, SidecarError, SidecarUnreachableError
 
 
-class RegistrationError(SidecarError):
+class JobRegistrationError(SidecarError):
     """The coordinator (through the sidecar) refused the registration; the message says why."""
 
 
@@ -72,7 +72,7 @@ def register(spec: JobSpec, *, socket: str | None = None, timeout_s: float = 30.
     Raises:
         ShimConfigError: no socket given and ``ROLLMUX_SIDECAR_SOCKET`` unset, or a bad argument.
         SidecarUnreachableError: no sidecar answers on the socket (the message names it).
-        RegistrationError: the coordinator refused the spec (invalid, name taken, relaying disabled).
+        JobRegistrationError: the coordinator refused the spec (invalid, name taken, relaying disabled).
     """
     global _current
     if not isinstance(spec, JobSpec):
@@ -117,9 +117,9 @@ def _call(path: str, spec: JobSpec, timeout_s: float):  # type: ignore[no-untype
             raise _unreachable(path, details or "the sidecar did not answer") from None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise _unreachable(path, f"no answer within {timeout_s:g}s") from None
-        raise RegistrationError(f"job {spec.name!r} was not registered: {code.name}: {details}") from None
+        raise JobRegistrationError(f"job {spec.name!r} was not registered: {code.name}: {details}") from None
     finally:
         channel.close()
 
 
-__all__ = ["Registration", "RegistrationError", "current", "register"]
+__all__ = ["Registration", "JobRegistrationError", "current", "register"]

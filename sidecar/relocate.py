@@ -1,7 +1,7 @@
 """``rollmux.relocation()`` and ``rollmux.relocate()``: honouring a regrouping directive in the job.
 
-The coordinator may move a running job to another group when one leaves (docs/coordinator.md,
-"Live relocation"). The directive reaches every rank of the job on its Attach stream (a rank that
+The coordinator may move a running job to another group when one leaves
+(docs/concepts/relocation-and-migration.md). The directive reaches every rank of the job on its Attach stream (a rank that
 attaches later gets it on attaching, while it is pending); the job honours it at an iteration
 boundary, between its Sync and its next Rollout::
 

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from rollmux.core.model import PHASE_ORDER, Migration
 from rollmux.sidecar import env, registration
 from rollmux.sidecar.api import LeaseLostError, ShimConfigError, SidecarError, phase_pool
-from rollmux.sidecar.registration import Registration, RegistrationError, register
+from rollmux.sidecar.registration import JobRegistrationError, Registration, register
 from rollmux.sidecar.shim_phases import enter_phase, exit_phase, leave_phase
 from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
 from rollmux.sidecar.shim_transport import attach, rpc
@@ -382,5 +382,5 @@ def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_time
                              _deployment(deployment, job)))
 
 
-__all__ = ["PhaseContext", "RankHandle", "Registration", "RegistrationError", "attach_rank", "enabled", "init",
+__all__ = ["PhaseContext", "RankHandle", "Registration", "JobRegistrationError", "attach_rank", "enabled", "init",
            "phase", "register", "register_state", "runtime_hook", "shutdown"]

@@ -51,7 +51,7 @@ class StateCacheError(RollMuxError):
     """Base class of every error the state cache raises on purpose."""
 
 
-class IllegalTransitionError(StateCacheError, _IllegalTransition):
+class CacheTransitionError(StateCacheError, _IllegalTransition):
     """A state change that :data:`TRANSITIONS` does not allow (e.g. reload while offloading)."""
 
 
@@ -153,10 +153,10 @@ class Lifecycle:
         """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
 
         Raises:
-            IllegalTransitionError: the edge is not in the table (including staying in the same state).
+            CacheTransitionError: the edge is not in the table (including staying in the same state).
         """
         dst = CacheState(dst)
-        check_transition(TRANSITIONS, self.state, dst, self.owner, error=IllegalTransitionError,
+        check_transition(TRANSITIONS, self.state, dst, self.owner, error=CacheTransitionError,
                          hint="Another offload/reload is probably running on this cache; call "
                               "offload()/reload() from one thread only.")
         self.history.append(TransitionRecord(self.state, dst, self._clock(), detail))
@@ -319,7 +319,7 @@ class StateCache:
             detail: why, stored in the history.
 
         Raises:
-            IllegalTransitionError: the edge is not in the table (including staying in the same state).
+            CacheTransitionError: the edge is not in the table (including staying in the same state).
         """
         self._lifecycle.transition(dst, detail)
 
@@ -472,7 +472,7 @@ class StateCache:
             What was copied and how long it took (``noop=True`` if already offloaded).
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
             RegistrationError: a registered tensor cannot be cached (external or mixed-device storage).
         """
         if self.state is CacheState.OFFLOADED:
@@ -509,7 +509,7 @@ class StateCache:
             What was copied and how long it took (``noop=True`` if already resident).
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.RESIDENT:
             return CopyStats("reload", 0, 0.0, 0.0, 0, noop=True)

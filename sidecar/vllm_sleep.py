@@ -89,7 +89,7 @@ class VllmSleep:
         """Move to ``dst`` if ``state_cache.TRANSITIONS`` allows it.
 
         Raises:
-            IllegalTransitionError: the edge is not in the table.
+            CacheTransitionError: the edge is not in the table.
         """
         self._lifecycle.transition(dst, detail)
 
@@ -97,7 +97,7 @@ class VllmSleep:
         """Put the engine to sleep (idempotent). Bytes are vLLM's business and reported as 0.
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.OFFLOADED:
             return CopyStats("offload", 0, 0.0, 0.0, 0, noop=True)
@@ -113,7 +113,7 @@ class VllmSleep:
         """Wake the whole engine up (idempotent).
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.RESIDENT:
             return CopyStats("reload", 0, 0.0, 0.0, 0, noop=True)
@@ -131,7 +131,7 @@ class VllmSleep:
         Keeps the weight update from competing with the KV cache for GPU memory.
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.RESIDENT:
             update_weights()

@@ -91,7 +91,7 @@ class PoolGate:
 
         Withheld while the rollout permit covers two or more nodes: the coordinator migrates such a
         rollout and frees the released nodes as it answers, and ROLL cannot move a rollout's requests
-        off them mid-step (docs/roll.md), so another job would be granted nodes on which this one still
+        off them mid-step (docs/how-to/run-roll.md), so another job would be granted nodes on which this one still
         generates. Its nodes come free at the rollout's end (recorded once per rollout as
         ``progress_withheld``), as the veRL adapter does."""
         if len(self._nodes) > 1:

@@ -118,7 +118,7 @@ class Runner:
 
         Only while the rollout permit covers one node. The coordinator migrates a rollout that holds two
         or more nodes and frees the released ones as it answers (``report_progress``); this adapter cannot
-        move veRL's requests off them (docs/verl.md, "Long-tail migration"), so another job would be
+        move veRL's requests off them (docs/how-to/run-verl.md, "Long-tail migration"), so another job would be
         granted nodes whose replicas still generate. Such a rollout's progress is withheld (recorded
         once per rollout as ``progress_withheld``) and its nodes come free at the rollout's end.
         """

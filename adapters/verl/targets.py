@@ -116,7 +116,7 @@ def _progress(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[s
         partition = args[0] if args else kwargs.get("partition_id", "train")
         done = len(instance.finished_keys[partition])
         total = done + len(instance.pending_keys[partition]) + len(instance.running_keys[partition])
-        r.progress(done, total)  # consolidating the tail is not supported for veRL (docs/verl.md)
+        r.progress(done, total)  # consolidating the tail is not supported for veRL (docs/how-to/run-verl.md)
     return result
 
 

@@ -72,7 +72,7 @@ class PolicyConfig:
     # the offline optimum on 8-job instances (benchmarks/optimality_gap.py), and the decision stays
     # fast because a whole-group lower bound rejects most saturated groups without simulating.
     fill_saturated: bool = True
-    # Per-job deployment mode (docs/policy.md): also consider co-locating a job on training-pool
+    # Per-job deployment mode (docs/design/policy.md): also consider co-locating a job on training-pool
     # GPUs (alone, or time-sharing a group's training pool) and on rollout-pool GPUs, and take the
     # cheapest feasible. False: every job is a disaggregated group member (the paper's policy).
     modes: bool = True
@@ -80,7 +80,7 @@ class PolicyConfig:
     # `learn_min_samples` are seen (window `learn_window`), and judge SLOs against their measured
     # solo iteration. False: worst-case times for the job's whole life.
     learn: bool = True
-    learn_min_samples: int = 3  # 5 until the fourth round of issue 14 (docs/policy.md)
+    learn_min_samples: int = 3  # samples before a learned time replaces the profile (docs/design/policy.md)
     learn_window: int = 20
     learn_quantile: float = 0.9
     # Regrouping: on departures and on SLO risk, relocate members (at iteration boundaries) where
@@ -89,9 +89,9 @@ class PolicyConfig:
     restart_s: float = 60.0  # relocation: stop, restart the actors on other nodes (paper Fig. 4 cold start)
     checkpoint_gb_s: float = 2.5  # relocation: checkpoint + reload bandwidth per node (20 Gbps storage), GB/s
     regroup_payback: float = 3.0  # a move must save this many times its own cost
-    # Relocations one job may take over its life (each is charged its downtime). 2 until the fourth
-    # round of issue 14; with 4 the moves the regroup plan finds worth their cost are taken later
-    # in a job's life too (docs/policy.md has the figure).
+    # Relocations one job may take over its life (each is charged its downtime). With 4 the moves the
+    # regroup plan finds worth their cost are taken late
+    # in a job's life too (docs/design/policy.md has the figure).
     max_moves_per_job: int = 4
     # Best move: among a job's single move, pair merge and pool merge take the one saving the most $
     # over the jobs' remaining run. False: the first of the three (in that order) that pays. Off in
@@ -120,7 +120,7 @@ class PolicyConfig:
     coexec_margin: float = 0.025
     # The margin for a join that makes a group of 4 or more members (`placement.BIG_GROUP`): with
     # 2% a 4-member agentic group ran 4.5% over its fixed-time period and a member missed its
-    # realised SLO (agentic U(1.1,1.3) seed 2, docs/policy.md). Equal to coexec_margin: no wider margin.
+    # realised SLO (agentic U(1.1,1.3) seed 2, docs/design/policy.md). Equal to coexec_margin: no wider margin.
     coexec_margin_big: float = 0.04
     # Work-aware joins: take the cheapest join only when the group with the job costs no more $ per
     # unit of work (solo-seconds per second) than the group as it is plus the job alone in its

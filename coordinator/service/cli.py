@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-interval", type=float, default=2.0,
                         help="how often sidecars send heartbeats, s (a node silent 3 intervals turns LOST)")
     parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
-                        help="placement policy by name, as in `rollmux place` and `rollmux sim` [default: rollmux]")
+                        help="placement policy by name, as in `rollmux place` and `rollmux simulate` [default: rollmux]")
     parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
     parser.add_argument("--catalog", help="YAML GPU catalog overrides ({gpus: {NAME: {tflops, hbm_gb, hbm_tb_s, "
                                           "usd_per_gpu_h}}}); nodes must report a GPU type it lists")
@@ -56,10 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-loop", choices=[e.value for e in EventLoop], default=EventLoop.AUTO.value,
                         help="the event loop the service runs on: auto = uvloop where installed (a dependency "
                              "of rollmux except on Windows), asyncio otherwise. uvloop schedules the service's "
-                             "calls with fewer slow ones than asyncio at the same CPU (docs/coordinator.md) "
+                             "calls with fewer slow ones than asyncio at the same CPU (docs/design/decisions.md) "
                              "[default: auto]")
     parser.add_argument("--deployment-modes", action="store_true",
-                        help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
+                        help="choose each job's deployment mode (co-located where cheaper; docs/design/policy.md); "
                              "default: every job disaggregated")
     add_mechanism_flags(parser, only=LIVE_MECHANISMS)
     parser.add_argument("--relocation-deadline", type=float, default=120.0,

@@ -522,7 +522,8 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> JobInfo:
         observed_train_s=0.0 if permit is None else permit.observed_train_s,
         lease=permit.to_lease(ttl) if permit is not None and permit.state is PermitState.GRANTED else None,
         pending_position=rt.pending().index(name) + 1 if job.state is JobState.PENDING else 0,
-        relocation=None if rec is None else rec.to_model(), learned=learned)
+        relocation=None if rec is None else rec.to_model(), learned=learned,
+        deployment=job.deployment if job.state is JobState.ADMITTED or job.spec.deployment is not None else "")
 
 
 def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> ClusterInfo:

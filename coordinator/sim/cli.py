@@ -70,7 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """RollMux's policy mechanisms, each switched off by one flag (docs/policy.md has what each buys)."""
+    """RollMux's policy mechanisms, each switched off by one flag (docs/design/policy.md has what each buys)."""
     add_mechanism_flags(parser)
     parser.add_argument("--max-moves", type=int, default=PolicyConfig().max_moves_per_job, metavar="N",
                         help="RollMux: relocations one job may take over its life [default: %(default)s]")

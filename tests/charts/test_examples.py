@@ -28,6 +28,16 @@ def test_the_verl_job_validates(version: str) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
+def test_the_verl_job_starts_again_when_relocated() -> None:
+    """Regrouping is on by default: a relocated job exits 75, and its Job must start it again uncounted."""
+    (job,) = docs(EXAMPLES / "verl-grpo-job.yaml")
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "Ignore" and rule["onExitCodes"]["values"] == [75]
+    assert rule["onExitCodes"]["containerName"] == pod_spec(job)["containers"][0]["name"]
+    assert pod_spec(job)["restartPolicy"] == "Never"  # podFailurePolicy needs it
+    assert job["spec"]["backoffLimit"] >= 1  # on a server without podFailurePolicy a relocation is a retry
+
+
 def test_the_dra_example_validates_on_kubernetes_1_34() -> None:
     claim, pod = docs(EXAMPLES / "dra-shared-gpus.yaml")
     for doc in (claim, pod):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.sidecar.state_cache import CacheState, IllegalTransitionError
+from rollmux.sidecar.state_cache import CacheState, CacheTransitionError
 from rollmux.sidecar.vllm_sleep import SleepModeUnavailableError, VllmSleep
 
 
@@ -67,7 +67,7 @@ def test_failed_wake_rolls_back_to_offloaded() -> None:
         helper.reload()
     assert helper.state is CacheState.OFFLOADED
     helper.transition(CacheState.LOADING)  # as if another thread were reloading
-    with pytest.raises(IllegalTransitionError):
+    with pytest.raises(CacheTransitionError):
         helper.offload()
 
 

@@ -110,7 +110,7 @@ class ServiceConfig:
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
     # Choose each job's deployment mode (co-located on training- or rollout-pool GPUs where cheaper,
-    # docs/policy.md); off: every job a disaggregated group member, as the fleet's two pools expect.
+    # docs/design/policy.md); off: every job a disaggregated group member, as the fleet's two pools expect.
     deployment_modes: bool = False
     max_nodes_per_job: int = 1024  # most nodes one job may ask for in either pool (more is refused)
     relayed_registration: bool = True  # accept RegisterJob relayed by a node's sidecar with its node token
@@ -166,7 +166,7 @@ class ServiceConfig:
 # ----------------------------------------------------------------------------------------------
 
 
-class IllegalTransitionError(lifecycle.IllegalTransitionError):
+class CoordinatorTransitionError(lifecycle.IllegalTransitionError):
     """A state machine was asked for an edge its transition table does not allow (a bug)."""
 
 

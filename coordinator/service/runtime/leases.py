@@ -153,7 +153,7 @@ class Leases:
         """Free `node_id`; its sidecar hears a snapshot when `announce` or when the node changed state.
 
         A job's own release is not announced: the sidecar's ranks ended the phase themselves, and a
-        snapshot per release was half of the coordinator's node-stream writes (docs/coordinator.md).
+        snapshot per release was half of the coordinator's node-stream writes (docs/design/decisions.md).
         """
         self.holder.pop(node_id, None)
         self.freed_at[node_id] = self.state.clock()

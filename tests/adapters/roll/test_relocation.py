@@ -1,5 +1,5 @@
 """A real ROLL RLVR job relocated between groups by the real service (Redis-backed coordinator, four real
-sidecars: two per pool), through ROLL's own checkpoint and resume (docs/roll.md, "Relocation").
+sidecars: two per pool), through ROLL's own checkpoint and resume (docs/how-to/run-roll.md, "Relocation").
 
 As in the veRL adapter's test: A and B (registered from here, disaggregated) cannot share a training
 node (their training state fills its host DRAM), so B opens g1; C, the ROLL job (actor_infer co-located

@@ -1,4 +1,4 @@
-"""Which name a restarted ROLL driver registers under (docs/roll.md, "Relocation"): the marker's, for a
+"""Which name a restarted ROLL driver registers under (docs/how-to/run-roll.md, "Relocation"): the marker's, for a
 relocated self-registered job only. CPU, no ROLL import."""
 
 from __future__ import annotations

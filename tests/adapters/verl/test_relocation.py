@@ -1,5 +1,5 @@
 """A real veRL 0.9.1 GRPO job relocated between groups by the real service (Redis-backed coordinator,
-four real sidecars: two per pool), through veRL's own checkpoint and resume (docs/verl.md, "Relocation").
+four real sidecars: two per pool), through veRL's own checkpoint and resume (docs/how-to/run-verl.md, "Relocation").
 
 As in the tiny job's live test: A and B (driven from here, disaggregated) cannot share a training node
 (their training state fills its host DRAM), so B opens g1; C, the veRL job (hybrid engine: co-located on

@@ -1,4 +1,4 @@
-"""The live coordinator runs the simulator's policy (issue 14): work-aware joins on a fixed fleet,
+"""The live coordinator runs the simulator's policy: work-aware joins on a fixed fleet,
 best moves carried out as directives, regrouping on learning events.
 
 Against the real services where the decision goes over gRPC (a real redis-server and the threaded
