@@ -23,7 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("rollmux.coordinator.service.cli",
                     "Run the coordinator service (gRPC API rollmux.v1, Redis or embedded state, probes, metrics)."),
     "status": ("rollmux.coordinator.service.status_cli",
-               "Show the coordinator's groups, jobs, per-node queues and leases."),
+               "Show the coordinator's groups, jobs (state, group, deployment mode, next phase, lease), per-node queues "
+               "and leases."),
     "sidecar": ("rollmux.sidecar.cli",
                 "Run a node's sidecar: register the node, hold its coordinator stream, serve local ranks on a socket."),
     "scheduler": ("rollmux.k8s.cli",
