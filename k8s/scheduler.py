@@ -34,6 +34,7 @@ from rollmux.k8s.api import (
 from rollmux.k8s.cache import ClusterCache, Informer
 from rollmux.k8s.explain import Explainer
 from rollmux.k8s.kube import KubeClient, KubeError
+from rollmux.k8s.leader import LeaderElector, LeaseConfig
 from rollmux.k8s.metrics import SchedulerMetrics
 from rollmux.k8s.spec import GangSpec, gang_spec
 from rollmux.k8s.usage import add_pod, usage
@@ -59,6 +60,7 @@ class SchedulerConfig:
     gang_timeout_s: float = 300.0  # a placed gang not whole this long: its bound pods are evicted, its placement freed
     release_grace_s: float = 30.0  # a job it registered whose pods are all gone this long, no driver attached: removed
     namespaces: tuple[str, ...] = ()  # the namespaces it serves (empty: every one)
+    lease: LeaseConfig | None = None  # leader election among replicas (None: this one always leads)
 
 
 _REASONS = {Code.UNSCHEDULABLE: explain.UNSCHEDULABLE, Code.REFUSED: explain.UNSCHEDULABLE,
@@ -103,6 +105,8 @@ class Scheduler:
         # gang's pods skips it, so N waiting gangs do not slow every placement down
         self._next_look: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
         self.last_cycle_at = clock()  # the watchdog's view of the scheduling loop
+        self.elector = (LeaderElector(kube, self.config.lease, self.stop_event) if self.config.lease is not None
+                        else None)
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self, timeout_s: float = 30.0) -> Scheduler:
@@ -120,7 +124,14 @@ class Scheduler:
         for inf in self._informers:
             if not inf.synced.wait(max(deadline - time.monotonic(), 0.0)):
                 raise KubeError(0, f"could not list {inf.path} within {timeout_s:g} s")
+        if self.elector is not None:
+            self.elector.start()
         return self
+
+    @property
+    def leading(self) -> bool:
+        """May this replica bind now (it holds the Lease, or runs without leader election)?"""
+        return self.elector is None or self.elector.leading.is_set()
 
     def run(self) -> None:
         """Cycle until `stop()`: on every change the watches report, and every `resync_s`."""
@@ -129,6 +140,9 @@ class Scheduler:
             self.cache.changed.clear()
             if self.stop_event.is_set():
                 return
+            self.last_cycle_at = self.clock()
+            if not self.leading:  # a standby: its cache stays warm, it decides nothing
+                continue
             try:
                 self.cycle()
             except (KubeError, ServiceError) as exc:  # broken infra: log, retry next cycle
@@ -138,6 +152,8 @@ class Scheduler:
     def stop(self) -> None:
         self.stop_event.set()
         self.cache.changed.set()
+        if self.elector is not None and self.elector.is_alive():
+            self.elector.join(5)
 
     def health(self) -> str:
         """Why the scheduler is not healthy ("" when it is): an informer thread died or stalled past its
@@ -244,6 +260,8 @@ class Scheduler:
         self._complete_since.setdefault(key, now)
         decision = self._decide(g, nodes, node_pools, used, cluster_jobs)
         # 5. bind, or say why not
+        if decision.bound and not self.leading:  # lost the Lease during this cycle: another replica binds
+            return None
         if decision.bound:
             done, failed = self._bind(g, decision)
             for b in done:

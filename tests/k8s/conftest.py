@@ -67,6 +67,10 @@ class Env:
         self.thread: threading.Thread | None = None
         kube.create("/api/v1/namespaces", {"metadata": {"name": self.ns}})
 
+    def qualified(self, job: str) -> str:
+        """`job`'s name at the coordinator (its namespace's)."""
+        return self.scheduler.conv.qualified(self.ns, job)
+
     def node(self, name: str, pool: Pool, **kw: Any) -> str:
         """A node named `<tag>-<name>` in the API server and registered at the coordinator."""
         full = f"{self.tag}-{name}"
