@@ -141,6 +141,7 @@ class Scheduler:
             if self.stop_event.is_set():
                 return
             self.last_cycle_at = self.clock()
+            self.metrics.leader.set(1 if self.leading else 0)
             if not self.leading:  # a standby: its cache stays warm, it decides nothing
                 continue
             try:
