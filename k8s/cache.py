@@ -110,7 +110,7 @@ class Informer(threading.Thread):
 
     A relist pages through the collection (`page_size`) and is swapped in whole; a watch resumes from the
     last event's or bookmark's resourceVersion; a broken watch or list backs off (doubling to
-    `max_backoff_s`). `alive_at` is when the thread last made progress (the watchdog reads it)."""
+    `max_backoff_s` while the server gives nothing). `alive_at` is when the thread last made progress (the watchdog reads it)."""
 
     def __init__(self, kube: KubeClient, path: str, replace_all: Callable[[list[dict[str, Any]]], None],
                  apply: Callable[[str, dict[str, Any]], None], stop: threading.Event, *,
@@ -152,6 +152,7 @@ class Informer(threading.Thread):
                         self.apply(kind, obj)
                     rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                     self.alive_at = self.clock()
+                    backoff = 0.5  # the server answers: a later break starts backing off afresh
                 self.alive_at = self.clock()  # the server ended the watch on time: renew from rv
                 backoff = 0.5
             except GoneError:

@@ -8,6 +8,7 @@ from rollmux.core.model import Deployment, Pool
 from rollmux.k8s import nodefilter
 from rollmux.k8s.api import Code, Conventions, Gang, NodeUsage, SchedulerError
 from rollmux.k8s.assign import assign, never_fits, refusals
+from rollmux.k8s.cache import ClusterCache
 from rollmux.k8s.gang import build_gang, group_pending, order_key
 from rollmux.k8s.objects import milli, node_view, owner_gang_size, pod_requests, pod_view
 from rollmux.k8s.scheduler import condition_reason
@@ -403,3 +404,25 @@ def test_a_jobs_name_at_the_coordinator_is_qualified_by_its_namespace() -> None:
                                    pod("a-1", pool="train", annotations=ann)], no_owner,
                    name=conv.qualified("team-a", "a"))
     assert gang_spec(g).spec.name == "team-a.a"
+
+
+def test_a_relist_is_swapped_in_whole_and_keeps_a_binding_the_list_does_not_show_yet() -> None:
+    cache = ClusterCache()
+    a, b = pod_obj("a", "a", uid="ua"), pod_obj("b", "b", uid="ub")
+    cache.replace_pods([a, b])
+    cache.assume(cache.pods["ua"], "t0")  # bound by the scheduler; the list below predates it
+    seen: list[int] = []
+    real_lock = cache._lock
+
+    class Spy:
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            real_lock.__enter__()
+            seen.append(len(cache.pods))
+
+        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+            return real_lock.__exit__(*exc)
+
+    cache._lock = Spy()  # type: ignore[assignment]
+    cache.replace_pods([a, pod_obj("c", "c", uid="uc")])
+    assert seen == [2]  # one swap under the lock, never a half-filled map
+    assert {u: p.node_name for u, p in cache.pods.items()} == {"ua": "t0", "uc": ""}

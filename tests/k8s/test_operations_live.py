@@ -10,7 +10,7 @@ import urllib.request
 
 from rollmux.core.model import Pool
 from rollmux.k8s.health import HealthServer
-from rollmux.k8s.kube import KubeClient
+from rollmux.k8s.kube import KubeClient, KubeError
 from rollmux.k8s.leader import LeaseConfig
 from rollmux.k8s.scheduler import Scheduler
 
@@ -118,3 +118,36 @@ def test_a_podgroup_names_and_sizes_the_gang_without_rollmux_labels(env: Env, ku
     got = wait_for("the PodGroup's gang bound", all_bound)
     assert set(got.values()) == {rollout, train}
     assert any(j.job == env.qualified("raycluster-a") for j in env.client.cluster_state().jobs)
+
+
+class BreakingWatches(KubeClient):
+    """The real API server, but every watch stream breaks after a few events (as a flaky network or an
+    API-server restart breaks it): the informers list again, again and again, while gangs bind."""
+
+    def watch(self, path, resource_version, **kw):  # type: ignore[no-untyped-def, override]
+        for i, item in enumerate(super().watch(path, resource_version, **kw)):
+            if i == 3:
+                raise KubeError(0, "stream broken by the test")
+            yield item
+
+
+def test_relists_under_load_never_bind_onto_a_full_node(env: Env, kube: KubeClient) -> None:
+    nodes = [env.node(f"{p[0]}{i}", p, replicas=2) for p in (Pool.ROLLOUT, Pool.TRAIN) for i in range(2)]
+    flaky = BreakingWatches(kube.config)
+    s = env.configure(flaky).start()
+    for inf in s._informers:
+        inf.page_size = 5  # paged lists: a cycle must never see half of one
+    t = threading.Thread(target=s.run, daemon=True)
+    t.start()
+    jobs = [f"j{i}" for i in range(6)]
+    for job in jobs:
+        for pool in ("rollout", "train"):
+            env.create_pod(pod_obj(f"{job}-{pool}", job, pool=pool, annotations=ANN, ns=env.ns))
+    wait_for("every gang the fleet holds bound", lambda: sum(bool(bound(env, j)) for j in jobs) == 4, timeout_s=60)
+    assert sum(inf.relists for inf in s._informers) > 4
+    per_node: dict[str, list[str]] = {n: [] for n in nodes}
+    for p in env.pods():
+        if p["spec"].get("nodeName"):
+            per_node[p["spec"]["nodeName"]].append(p["metadata"]["labels"]["rollmux.io/job"])
+    for node, jobs_there in per_node.items():
+        assert len(jobs_there) <= 2, (node, jobs_there)
