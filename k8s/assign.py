@@ -60,7 +60,7 @@ def assign(job: str, pools: Sequence[tuple[PodView, Pool]], placed: Mapping[Pool
             if node is None:
                 failures.append(nodefilter.UNKNOWN)
                 continue
-            why = nodefilter.reasons(pod, node, taken.get(name, NodeUsage()))
+            why = nodefilter.reasons(pod, node, taken.get(name, NodeUsage()), job)
             if not why and mine.get(name, 0) + pod.gpus > max(node.physical_gpus, 1):
                 why = [nodefilter.INSUFFICIENT + gpu_resource]  # a job takes at most a node's physical GPUs
             if why:

@@ -84,8 +84,9 @@ def short_of(pod: PodView, node: NodeView, usage: NodeUsage) -> list[str]:
                   if res != PODS and used.get(res, 0) + want > alloc.get(res, 0))
 
 
-def reasons(pod: PodView, node: NodeView, usage: NodeUsage) -> list[str]:
-    """Why `pod` may not run on `node` given what `usage` already holds there (empty: it may)."""
+def reasons(pod: PodView, node: NodeView, usage: NodeUsage, job: str = "") -> list[str]:
+    """Why `pod` may not run on `node` given what `usage` already holds there (empty: it may); `job`: the
+    pod's job as `usage` names jobs (default: its label)."""
     out: list[str] = []
     if not node.ready:
         out.append(NOT_READY)
@@ -102,7 +103,7 @@ def reasons(pod: PodView, node: NodeView, usage: NodeUsage) -> list[str]:
     out.extend(INSUFFICIENT + res for res in short_of(pod, node, usage))
     if usage.pods + 1 > node.allocatable_pods:
         out.append(TOO_MANY_PODS)
-    if pod.job not in usage.jobs and len(usage.jobs) >= node.replicas:
+    if (job or pod.job) not in usage.jobs and len(usage.jobs) >= node.replicas:
         out.append(REPLICAS)
     return out
 

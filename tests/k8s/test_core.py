@@ -426,3 +426,13 @@ def test_a_relist_is_swapped_in_whole_and_keeps_a_binding_the_list_does_not_show
     cache.replace_pods([a, pod_obj("c", "c", uid="uc")])
     assert seen == [2]  # one swap under the lock, never a half-filled map
     assert {u: p.node_name for u, p in cache.pods.items()} == {"ua": "t0", "uc": ""}
+
+
+def test_a_jobs_own_pods_on_a_time_sliced_node_are_its_own_under_its_qualified_name() -> None:
+    n = node("t0", replicas=2)
+    sib = pod_obj("a-0", "a", uid="uid-a-0", gpus=4)
+    sib["spec"]["nodeName"] = "t0"
+    used = add_pod(add_pod(NodeUsage(), pod_view(sib), "ns.a"), pod("b-0", "b", gpus=4), "ns.b")
+    d = assign("ns.a", [(pod_view(sib), Pool.TRAIN), (pod("a-1", gpus=4), Pool.TRAIN)], {Pool.TRAIN: ("t0",)},
+               {"t0": n}, {"t0": used}, explain="x")
+    assert [(b.pod.name, b.node) for b in d.bindings] == [("a-1", "t0")]  # two jobs there, one of them its own
