@@ -232,7 +232,7 @@ class Scheduler:
             return None  # it waits, and its pods did not change: looked at again after resync_s
         self._next_look[key] = (now + self.config.resync_s, uids)
         if self.config.namespaces and ns not in self.config.namespaces:
-            self._tell_all(members, code=Code.REFUSED, message=f"waiting: namespace {ns} is not among the "
+            self._tell_all(members, code=None, message=f"waiting: namespace {ns} is not among the "
                                                                  "namespaces this scheduler serves")
             return None
         gated = [p for p in members if p.gates]
