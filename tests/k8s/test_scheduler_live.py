@@ -64,7 +64,7 @@ def test_gangs_bind_where_the_coordinator_places_them_and_a_gang_that_does_not_f
     assert waiting[0]["type"] == "Warning"
     assert waiting[0]["message"].startswith("waiting: position 1 in the coordinator's admission queue")
     cond = wait_for("d's condition", lambda: condition(env.kube.get(f"/api/v1/namespaces/{env.ns}/pods/d-train")))
-    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert (cond["status"], cond["reason"]) == ("False", "WaitingForGang")  # queued: no node is missing
     assert not any(p["spec"].get("nodeName") for p in env.pods("d"))
     before_c = bound(env, "c")
 
