@@ -8,6 +8,8 @@ import threading
 import urllib.error
 import urllib.request
 
+import pytest
+
 from rollmux.core.model import Pool
 from rollmux.k8s.health import HealthServer
 from rollmux.k8s.kube import KubeClient, KubeError
@@ -64,6 +66,7 @@ def test_two_replicas_elect_one_leader_and_never_double_book_a_node(env: Env) ->
             t.join(5)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the informer dies on purpose
 def test_a_killed_informer_turns_readiness_and_liveness_red(env: Env) -> None:
     env.node("r0", Pool.ROLLOUT)
     s = env.start()
