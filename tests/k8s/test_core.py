@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rollmux.core.model import Deployment, Pool
@@ -10,6 +12,7 @@ from rollmux.k8s.api import Code, Conventions, Gang, NodeUsage, SchedulerError
 from rollmux.k8s.assign import assign, never_fits, refusals
 from rollmux.k8s.cache import ClusterCache
 from rollmux.k8s.gang import build_gang, group_pending, order_key
+from rollmux.k8s.kube import KubeClient, KubeConfig
 from rollmux.k8s.objects import milli, node_view, owner_gang_size, pod_requests, pod_view
 from rollmux.k8s.scheduler import condition_reason
 from rollmux.k8s.spec import gang_spec
@@ -436,3 +439,13 @@ def test_a_jobs_own_pods_on_a_time_sliced_node_are_its_own_under_its_qualified_n
     d = assign("ns.a", [(pod_view(sib), Pool.TRAIN), (pod("a-1", gpus=4), Pool.TRAIN)], {Pool.TRAIN: ("t0",)},
                {"t0": n}, {"t0": used}, explain="x")
     assert [(b.pod.name, b.node) for b in d.bindings] == [("a-1", "t0")]  # two jobs there, one of them its own
+
+
+def test_the_token_file_is_read_again_when_it_rotates(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "token"
+    f.write_text("first\n")
+    kube = KubeClient(KubeConfig(server="https://127.0.0.1:1", token_file=str(f)))
+    assert kube.token() == "first" and kube._headers()["Authorization"] == "Bearer first"
+    f.write_text("second\n")  # the kubelet rotates a bound token by replacing the file
+    os.utime(f, ns=(1, 10**18))
+    assert kube.token() == "second"
