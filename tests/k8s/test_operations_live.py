@@ -129,7 +129,7 @@ class BreakingWatches(KubeClient):
 
     def watch(self, path, resource_version, **kw):  # type: ignore[no-untyped-def, override]
         for i, item in enumerate(super().watch(path, resource_version, **kw)):
-            if i == 3:
+            if i == 1:
                 raise KubeError(0, "stream broken by the test")
             yield item
 
@@ -147,7 +147,7 @@ def test_relists_under_load_never_bind_onto_a_full_node(env: Env, kube: KubeClie
         for pool in ("rollout", "train"):
             env.create_pod(pod_obj(f"{job}-{pool}", job, pool=pool, annotations=ANN, ns=env.ns))
     wait_for("every gang the fleet holds bound", lambda: sum(bool(bound(env, j)) for j in jobs) == 4, timeout_s=60)
-    assert sum(inf.relists for inf in s._informers) > 4
+    assert sum(inf.relists for inf in s._informers) > 2  # relisted while the gangs bound, beyond the first lists
     per_node: dict[str, list[str]] = {n: [] for n in nodes}
     for p in env.pods():
         if p["spec"].get("nodeName"):
