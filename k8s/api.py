@@ -9,7 +9,8 @@ Pod metadata a job's pods carry (documented once, here; docs/how-to/kubernetes-s
 =============================  =====  ======================================================================
 name                           kind   meaning
 =============================  =====  ======================================================================
-``rollmux.io/job``             label  the job's name at the coordinator (the same on every pod of the gang)
+``rollmux.io/job``             label  the job's name in its namespace (the same on every pod of the gang); at
+                                      the coordinator it is ``<namespace>.<job>``
 ``rollmux.io/pool``            label  ``rollout`` or ``train``: the pool this pod runs in (label or
                                       nodeSelector); pods without it are split between the pools
                                       by the GPU counts below, in name order
