@@ -28,7 +28,8 @@ VALUES = ("-f", str(ci_values("everything")), "--set", "auth.existingSecret=")
 GENERATED = (f"{RELEASE}-rollmux-auth", f"{RELEASE}-rollmux-redis", f"{RELEASE}-rollmux-tls")
 PLURALS = {"ConfigMap": "configmaps", "Secret": "secrets", "Service": "services", "ServiceAccount": "serviceaccounts",
            "Deployment": "deployments", "DaemonSet": "daemonsets", "StatefulSet": "statefulsets",
-           "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+           "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
+           "RoleBinding": "rolebindings",
            "NetworkPolicy": "networkpolicies", "ServiceMonitor": "servicemonitors",
            "PrometheusRule": "prometheusrules"}
 DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
