@@ -28,7 +28,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "rollmux.coordinator.__init__")),
     ("service, simulator, sidecar", ("rollmux.coordinator.service", "rollmux.coordinator.sim",
                                      "rollmux.coordinator.place_cli", "rollmux.coordinator.placement_run",
-                                     "rollmux.sidecar", "rollmux.sync_plugin", "rollmux.__init__", "rollmux.k8s")),
+                                     "rollmux.sidecar", "rollmux.shim", "rollmux.sync_plugin", "rollmux.__init__",
+                                     "rollmux.k8s")),
     ("adapters", ("rollmux.adapters",)),
     ("demo, testing, command line", ("rollmux.demo", "rollmux.testing", "rollmux.cli", "rollmux.__main__")),
 )
@@ -39,7 +40,8 @@ PARTS: dict[str, str] = {  # module prefix -> the part it belongs to (side-by-si
     "rollmux.coordinator.place_cli": "placement command",
     "rollmux.coordinator.placement_run": "placement command",
     "rollmux.sidecar": "sidecar",
-    "rollmux.__init__": "sidecar",  # the public API re-exports the shim's
+    "rollmux.shim": "shim",
+    "rollmux.__init__": "shim",  # the public API re-exports the shim's
     "rollmux.sync_plugin": "sync plugin",
     "rollmux.k8s": "kubernetes scheduler",
 }

@@ -18,7 +18,7 @@ from typing import Any
 from rollmux.adapters.common.api import Wrapper
 from rollmux.adapters.common.relocation import record
 from rollmux.adapters.verl import memory
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -48,7 +48,7 @@ from typing import Any
 from rollmux.adapters.common import PatchTarget, begins, ends, ranks
 from rollmux.adapters.common.phases import around
 from rollmux.adapters.verl import driver, offload, relocation, runner
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 SUPPORTED = ">=0.9,<0.10"
 """veRL versions this adapter knows (declared once; checked before any patch)."""

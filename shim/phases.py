@@ -15,9 +15,10 @@ import threading
 import time
 
 from rollmux.core.model import Phase
-from rollmux.sidecar.api import LeaseLostError, RankLeaseError, phase_pool
-from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
-from rollmux.sidecar.shim_transport import rpc
+from rollmux.shim.pools import phase_pool
+from rollmux.shim.runtime import PhaseContext, Runtime, lost_error
+from rollmux.shim.transport import rpc
+from rollmux.wire.errors import LeaseLostError, RankLeaseError
 
 
 def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:

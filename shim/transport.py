@@ -14,8 +14,9 @@ from typing import Any
 
 from rollmux.core.errors import ErrorCode
 from rollmux.core.model import Migration, Relocation, Revocation
-from rollmux.sidecar import env
-from rollmux.sidecar.api import (
+from rollmux.shim import env
+from rollmux.shim.runtime import Runtime, lease_lost
+from rollmux.wire.errors import (
     JobAbortedError,
     PermitWaitTimeoutError,
     RankLeaseError,
@@ -23,7 +24,6 @@ from rollmux.sidecar.api import (
     SidecarError,
     SidecarUnreachableError,
 )
-from rollmux.sidecar.shim_runtime import Runtime, lease_lost
 
 _REFUSED = frozenset({ErrorCode.RANK_LEASE, ErrorCode.FAILED_PRECONDITION, ErrorCode.STALE_EPOCH,
                       ErrorCode.OUT_OF_ORDER})

@@ -5,7 +5,7 @@ releases the GPU (``vllm/device_allocator/cumem.py``): ``sleep(level=1)`` offloa
 discards the KV cache, ``wake_up()`` maps the memory back at the same addresses (so CUDA graphs stay
 valid) and restores the weights. Level 2 discards the weights too and expects the trainer to push new
 ones after waking. This helper drives that API behind the same state machine as
-:class:`rollmux.sidecar.state_cache.StateCache` (``state_cache.TRANSITIONS``), with idempotent calls.
+:class:`rollmux.shim.state_cache.StateCache` (``state_cache.TRANSITIONS``), with idempotent calls.
 
 The engine must be built with sleep mode on: ``vllm.LLM(model, enable_sleep_mode=True)``. vLLM is
 imported lazily (only to report its version in errors), so the sidecar never imports it.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rollmux.sidecar.state_cache import CacheState, CopyStats, Lifecycle, StateCacheError, TransitionRecord
+from rollmux.shim.state_cache import CacheState, CopyStats, Lifecycle, StateCacheError, TransitionRecord
 
 LEVEL_KEEPS_WEIGHTS = 1
 """vLLM sleep level that keeps a host copy of the weights (level 2 discards them)."""

@@ -25,17 +25,17 @@ import time
 from collections.abc import Callable
 
 from rollmux.core.model import Relocation, RelocationState
-from rollmux.sidecar import env
-from rollmux.sidecar.api import RankLeaseError, ShimConfigError
-from rollmux.sidecar.shim_runtime import Runtime
-from rollmux.sidecar.shim_transport import rpc
+from rollmux.shim import env
+from rollmux.shim.runtime import Runtime
+from rollmux.shim.transport import rpc
+from rollmux.wire.errors import RankLeaseError, ShimConfigError
 
 POLL_S = 0.05
 
 
 def relocation() -> Relocation | None:
     """The job's relocation directive this rank has yet to act on, or None (always None when not opted in)."""
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     rt = shim._active()  # noqa: SLF001  (the shim's own package)
     d = None if rt is None else rt.relocation
@@ -67,7 +67,7 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
         ShimConfigError: this rank must move but ``ROLLMUX_SIDECAR_SOCKET_TEMPLATE`` is unset (start
             it on its new node from the checkpoint instead).
     """
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     rt = shim._active()  # noqa: SLF001
     d = relocation()
@@ -111,7 +111,7 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
 
 def _reattach(rt: object, node: str) -> object:
     """Detach from this node's sidecar and attach to `node`'s, keeping counters, state and directives."""
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     assert isinstance(rt, Runtime)
     template = os.environ.get(env.SIDECAR_SOCKET_TEMPLATE, "")

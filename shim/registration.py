@@ -1,4 +1,4 @@
-"""Job registration through the node's sidecar: ``rollmux.sidecar.shim.register``.
+"""Job registration through the node's sidecar: ``rollmux.shim.api.register``.
 
 A job's driver sends its :class:`~rollmux.core.model.JobSpec` over the sidecar socket; the sidecar
 relays ``RegisterJob`` to the coordinator with its node credential and answers with the job token,
@@ -16,8 +16,8 @@ import threading
 from dataclasses import dataclass, field
 
 from rollmux.core.model import JobSpec
-from rollmux.sidecar import env
-from rollmux.sidecar.api import ShimConfigError, SidecarError, SidecarUnreachableError
+from rollmux.shim import env
+from rollmux.wire.errors import ShimConfigError, SidecarError, SidecarUnreachableError
 
 
 class RegistrationError(SidecarError):
