@@ -56,8 +56,8 @@ from rollmux.shim.phases import enter_phase, exit_phase, leave_phase
 from rollmux.shim.pools import phase_pool
 from rollmux.shim.registration import Registration, RegistrationError, register
 from rollmux.shim.runtime import PhaseContext, Runtime, lost_error
-from rollmux.shim.transport import attach, rpc
-from rollmux.wire.errors import LeaseLostError, ShimConfigError, SidecarError
+from rollmux.shim.transport import attach, call, detach
+from rollmux.wire.errors import LeaseLostError, ShimConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,7 +67,6 @@ _runtime: Runtime | None = None
 _resolved = False  # the opt-in was looked at (init ran, explicitly or lazily)
 _init_lock = threading.Lock()
 _Runtime = Runtime  # the runtime's old name here (rollmux.shim.relocate)
-_rpc = rpc  # the unary call's old name here
 
 
 # ------------------------------------------------------------------------------------------- init
@@ -251,13 +250,9 @@ def runtime_hook(finished: int, total: int) -> Migration | None:
         return None
     if ctx.lost:
         raise lost_error(rt, ctx)
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.wire import convert
-
-    resp = rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
-                                                    finished=finished, total=total), 30.0)
-    if resp.HasField("migrate") and ctx.migration is None:
-        ctx.migration = convert.migration_from_pb(resp.migrate)
+    migrate = call(rt, "Progress", rt.client.progress, rt.rank_id, ctx.lease.epoch, finished, total, timeout_s=30.0)
+    if migrate is not None and ctx.migration is None:
+        ctx.migration = migrate
     if ctx.migration is None or ctx.migration_taken:
         return None
     ctx.migration_taken = True  # one directive per rollout: follow it once
@@ -306,18 +301,12 @@ def shutdown(*, job_done: bool = False) -> None:
     rt = _runtime
     if rt is None:
         return
-    from rollmux.proto import sidecar_v1_pb2 as spb
-
-    rt.closing = True
     try:
-        rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
-    except SidecarError:
-        pass  # the sidecar is gone: the lease ended with it
+        detach(rt, job_done=job_done)
     finally:
         if rt.cache is not None:
             rt.cache.reload()  # leave the registered tensors usable after the job
             rt.cache.release()
-        rt.channel.close()
         _runtime = None
 
 
@@ -351,18 +340,7 @@ class RankHandle:
 
     def close(self, *, job_done: bool = False) -> None:
         """Detach this rank (ends its lease cleanly). Idempotent."""
-        from rollmux.proto import sidecar_v1_pb2 as spb
-
-        rt = self._rt
-        if rt.closing:
-            return
-        rt.closing = True
-        try:
-            rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
-        except SidecarError:
-            pass  # the sidecar is gone: the lease ended with it
-        finally:
-            rt.channel.close()
+        detach(self._rt, job_done=job_done)
 
 
 def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_timeout_s: float | None = None,

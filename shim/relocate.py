@@ -27,7 +27,7 @@ from collections.abc import Callable
 from rollmux.core.model import Relocation, RelocationState
 from rollmux.shim import env
 from rollmux.shim.runtime import Runtime
-from rollmux.shim.transport import rpc
+from rollmux.shim.transport import call
 from rollmux.wire.errors import RankLeaseError, ShimConfigError
 
 POLL_S = 0.05
@@ -73,15 +73,12 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
     d = relocation()
     if rt is None or d is None:
         return False  # not opted in (grpc never imported), or nothing to do
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.wire.convert import relocation_from_pb
     if rt.current is not None:
         raise RankLeaseError(f"rollmux.relocate() inside phase {rt.current.phase!r}: call it at an iteration "
                              "boundary, outside rollmux.phase")
     deadline = time.monotonic() + wait_s
     while True:
-        resp = rpc(rt, "Relocate", spb.RelocateRequest(rank_id=rt.rank_id, epoch=d.epoch), 30.0)
-        d = relocation_from_pb(resp.directive)
+        d = call(rt, "Relocate", rt.client.relocate, rt.rank_id, d.epoch, timeout_s=30.0)
         rt.relocation = d
         if d.state is not RelocationState.PENDING or time.monotonic() >= deadline:
             break

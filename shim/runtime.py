@@ -47,9 +47,8 @@ class Runtime:
     rank: int
     timeout_s: float
     event_log: str | None
-    channel: Any
-    stub: Any
-    stream: Any
+    client: Any  # rollmux.wire.sidecar_client.SidecarClient; None once detached
+    events: Any  # the Attach stream's events (the client's iterator), consumed by the watcher thread
     rank_id: str
     node_id: str
     pool: str

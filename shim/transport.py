@@ -1,18 +1,18 @@
 """The shim's connection to the node sidecar: attach a rank over the Unix socket, consume its
 ``Attach`` stream (revocations, migration and relocation directives) in a watcher thread, and make
-the unary calls, mapping gRPC statuses to our errors.
+the unary calls through the wire's typed client (``rollmux.wire.sidecar_client``), saying in each
+error what the rank was doing and what to do.
 
-``grpc`` and the generated stubs are imported inside the functions: a process that is not opted
-in never imports them.
+``grpc`` is imported only when a rank attaches: a process that is not opted in never imports it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
-from rollmux.core.errors import ErrorCode
 from rollmux.core.model import Migration, Relocation, Revocation
 from rollmux.shim import env
 from rollmux.shim.runtime import Runtime, lease_lost
@@ -25,9 +25,8 @@ from rollmux.wire.errors import (
     SidecarUnreachableError,
 )
 
-_REFUSED = frozenset({ErrorCode.RANK_LEASE, ErrorCode.FAILED_PRECONDITION, ErrorCode.STALE_EPOCH,
-                      ErrorCode.OUT_OF_ORDER})
-"""Codes of a rank call the sidecar (or the coordinator behind it) refuses as not legal now."""
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def unreachable(path: str, why: str) -> SidecarUnreachableError:
@@ -46,45 +45,31 @@ def attach(path: str, job: str, token: str, rank: int, timeout_s: float, event_l
         SidecarUnreachableError: no socket, it does not accept, or the sidecar cannot attach the rank.
         ShimConfigError: the sidecar refused the job or rank.
     """
-    import grpc
+    from rollmux.wire.sidecar_client import SidecarClient
 
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
-
-    if not os.path.exists(path):
-        raise unreachable(path, "no sidecar socket exists at that path")
-    channel = grpc.insecure_channel(f"unix:{path}")
     try:
-        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
-    except grpc.FutureTimeoutError:
-        channel.close()
-        raise unreachable(path, f"the socket did not accept a connection within {connect_timeout_s:g}s "
-                                "(stale socket file: is the sidecar process running?)") from None
-    stub = spb_grpc.SidecarStub(channel)
-    stream = stub.Attach(spb.AttachRequest(job=job, job_token=token, rank=rank, pid=os.getpid()))
+        client = SidecarClient.connect(path, connect_timeout_s)
+    except SidecarUnreachableError as exc:
+        raise unreachable(path, str(exc)) from None
     try:
-        first = next(stream)
-    except grpc.RpcError as exc:
-        channel.close()
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            raise unreachable(path, f"the sidecar cannot attach this rank: {exc.details()}") from None
-        raise ShimConfigError(f"the sidecar at {path} refused job {job!r} rank {rank}: {exc.details()}") from None
-    rt = Runtime(socket=path, job=job, token=token, rank=rank, timeout_s=timeout_s, event_log=event_log, channel=channel,
-                 stub=stub, stream=stream, rank_id=first.attached.rank_id, node_id=first.attached.node_id,
-                 pool=first.attached.pool, deployment=deployment)
+        attached, events = client.attach(job, token, rank, os.getpid())
+    except SidecarUnreachableError as exc:
+        client.close()
+        raise unreachable(path, f"the sidecar cannot attach this rank: {exc}") from None
+    except SidecarError as exc:
+        client.close()
+        raise ShimConfigError(f"the sidecar at {path} refused job {job!r} rank {rank}: {exc}") from None
+    rt = Runtime(socket=path, job=job, token=token, rank=rank, timeout_s=timeout_s, event_log=event_log,
+                 client=client, events=events, rank_id=attached.rank_id, node_id=attached.node_id,
+                 pool=attached.pool, deployment=deployment)
     threading.Thread(target=watch, args=(rt,), name="rollmux-lease", daemon=True).start()
     return rt
 
 
 def watch(rt: Runtime) -> None:
     """Consume the Attach stream: revocations and migration directives; notice a lost sidecar."""
-    import grpc
-
-    from rollmux.wire import convert
-
     try:
-        for ev in rt.stream:
-            event = convert.rank_event_from_pb(ev)
+        for event in rt.events:
             if isinstance(event, Revocation):
                 lease_lost(rt, event.epoch, event.reason or "revoked by the coordinator")
             elif isinstance(event, Migration):
@@ -95,43 +80,53 @@ def watch(rt: Runtime) -> None:
                     cur.migration = event
             elif isinstance(event, Relocation) and (rt.relocation is None or event.epoch >= rt.relocation.epoch):
                 rt.relocation = event
-    except grpc.RpcError as exc:
+    except SidecarError as exc:
         if not rt.closing:
-            rt.broken = f"the sidecar stream ended: {exc.code().name} {exc.details()}"
+            rt.broken = f"the sidecar stream ended: {exc.args[0] if exc.args else ''}"
         return
     if not rt.closing:
         rt.broken = "the sidecar ended this rank's lease"
 
 
-def rpc(rt: Runtime, method: str, request: Any, timeout_s: float) -> Any:
-    """Call the sidecar's unary `method`, mapping gRPC statuses to our errors.
+def call(rt: Runtime, method: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Make the sidecar call `fn(*args, **kwargs)` (a method of the rank's client, named `method` in
+    errors), saying in its error whose call it was.
 
     Raises:
-        PermitWaitTimeoutError: DEADLINE_EXCEEDED. JobAbortedError: ABORTED.
-        RankLeaseError: a refusal (`_REFUSED`). SidecarUnreachableError: unreachable, or the stream broke.
-        SidecarError: any other status.
+        PermitWaitTimeoutError, JobAbortedError, RankLeaseError: as the wire raised them (the wait
+            timed out; the job lost a rank; a refusal: not legal now).
+        SidecarUnreachableError: unreachable, or the Attach stream broke before the call.
+        SidecarError: any other refusal.
     """
-    import grpc
-
-    from rollmux.wire.errors import code_of
-
     if rt.broken:
         raise unreachable(rt.socket, rt.broken)
     try:
-        return getattr(rt.stub, method)(request, timeout=timeout_s)
-    except grpc.RpcError as exc:
-        status, details = exc.code(), exc.details() or ""
-        code = code_of(status, exc.trailing_metadata())
-        if code is ErrorCode.PERMIT_TIMEOUT:
-            raise PermitWaitTimeoutError(f"job {rt.job!r} rank {rt.rank}: {details or 'permit wait timed out'}") \
-                from None
-        if code is ErrorCode.JOB_ABORTED:
-            raise JobAbortedError(details) from None
-        if code in _REFUSED:
-            raise RankLeaseError(details) from None
-        if code in (ErrorCode.SIDECAR_UNREACHABLE, ErrorCode.NOT_READY):
-            raise unreachable(rt.socket, f"the sidecar call {method} failed: {details}") from None
-        raise SidecarError(f"sidecar call {method} failed: {status.name} {details}") from None
+        return fn(*args, **kwargs)
+    except PermitWaitTimeoutError as exc:
+        raise PermitWaitTimeoutError(f"job {rt.job!r} rank {rt.rank}: {exc or 'permit wait timed out'}") from None
+    except (JobAbortedError, RankLeaseError):
+        raise
+    except SidecarUnreachableError as exc:
+        raise unreachable(rt.socket, f"the sidecar call {method} failed: {exc}") from None
+    except SidecarError as exc:
+        raise SidecarError(f"sidecar call {method} failed: {exc}") from None
 
 
-__all__ = ["attach", "rpc", "unreachable", "watch"]
+def detach(rt: Runtime, *, job_done: bool) -> None:
+    """End the rank's lease cleanly and close its channel; a sidecar already gone ended the lease with it.
+    Idempotent."""
+    if rt.closing and rt.client is None:
+        return
+    rt.closing = True
+    client, rt.client = rt.client, None
+    if client is None:
+        return
+    try:
+        client.detach(rt.rank_id, job_done=job_done, timeout_s=30.0)
+    except SidecarError:
+        pass  # the sidecar is gone: the lease ended with it
+    finally:
+        client.close()
+
+
+__all__ = ["attach", "call", "detach", "unreachable", "watch"]

@@ -229,6 +229,8 @@ class NodeAgent(PermitRelay):
                 raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator, or the token is "
                                      f"not its token: register it first (rollmux.register) and pass the token "
                                      f"it returned ({exc})") from None
+            except PlacementMismatchError:
+                raise  # the rank's error too (a RankLeaseError): it names both node sets
             except ServiceError as exc:
                 if exc.code is ErrorCode.NOT_READY:
                     raise SidecarUnreachableError(

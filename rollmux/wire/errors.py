@@ -14,7 +14,7 @@ before it is opted in, and a process that is not opted in never imports ``grpc``
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from rollmux.core.errors import ErrorCode, RollMuxError
 
@@ -204,11 +204,26 @@ class PlacementMismatchError(FailedPreconditionError, RankLeaseError):
     code = ErrorCode.PLACEMENT_MISMATCH
 
 
-_SERVICE_ERRORS: dict[ErrorCode, type[ServiceError]] = {
-    cls.code: cls for cls in (ServiceError, InvalidArgumentError, NotFoundError, AlreadyExistsError,
-                              FailedPreconditionError, StaleEpochError, OutOfOrderError, PlacementMismatchError,
-                              PermissionDeniedError, UnauthenticatedError, NotReadyError)
+ERROR_CLASSES: dict[ErrorCode, tuple[type[ServiceError], type[SidecarError]]] = {
+    # code: (what a coordinator call raises, what a sidecar call raises)
+    ErrorCode.INTERNAL: (ServiceError, SidecarError),
+    ErrorCode.INVALID_ARGUMENT: (InvalidArgumentError, SidecarError),
+    ErrorCode.NOT_FOUND: (NotFoundError, SidecarError),
+    ErrorCode.ALREADY_EXISTS: (AlreadyExistsError, SidecarError),
+    ErrorCode.FAILED_PRECONDITION: (FailedPreconditionError, RankLeaseError),
+    ErrorCode.STALE_EPOCH: (StaleEpochError, RankLeaseError),
+    ErrorCode.OUT_OF_ORDER: (OutOfOrderError, RankLeaseError),
+    ErrorCode.PERMISSION_DENIED: (PermissionDeniedError, SidecarError),
+    ErrorCode.UNAUTHENTICATED: (UnauthenticatedError, SidecarError),
+    ErrorCode.NOT_READY: (NotReadyError, SidecarUnreachableError),
+    ErrorCode.PERMIT_TIMEOUT: (ServiceError, PermitWaitTimeoutError),
+    ErrorCode.JOB_REMOVED: (ServiceError, SidecarError),
+    ErrorCode.JOB_ABORTED: (ServiceError, JobAbortedError),
+    ErrorCode.SIDECAR_UNREACHABLE: (ServiceError, SidecarUnreachableError),
+    ErrorCode.RANK_LEASE: (ServiceError, RankLeaseError),
+    ErrorCode.PLACEMENT_MISMATCH: (PlacementMismatchError, PlacementMismatchError),
 }
+"""The one table of both protocols: the class a refused call raises again from its code, per protocol."""
 
 
 def code_of(status: grpc.StatusCode, metadata: Iterable[tuple[str, str | bytes]] | None) -> ErrorCode:
@@ -229,15 +244,26 @@ def trailing_metadata(code: ErrorCode) -> tuple[tuple[str, str], ...]:
     return ((ERROR_CODE_KEY, code.value),)
 
 
-def error_from_rpc(exc: grpc.RpcError) -> ServiceError:
-    """The `ServiceError` a failed coordinator call stands for (its message keeps the status name)."""
+@overload
+def error_from_rpc(exc: grpc.RpcError, *, sidecar: Literal[False] = False) -> ServiceError: ...
+@overload
+def error_from_rpc(exc: grpc.RpcError, *, sidecar: Literal[True]) -> SidecarError: ...
+
+
+def error_from_rpc(exc: grpc.RpcError, *, sidecar: bool = False) -> ServiceError | SidecarError:
+    """The error a failed call stands for, from `ERROR_CLASSES`: a coordinator call's `ServiceError`
+    (its message keeps the status name), or with `sidecar` a sidecar call's `SidecarError` (its message
+    is the server's details; the status name leads only where the code has no class of its own)."""
     status = exc.code()  # type: ignore[attr-defined]
     code = code_of(status, exc.trailing_metadata())  # type: ignore[attr-defined]
-    cls = _SERVICE_ERRORS.get(code, ServiceError)
-    return cls(f"{status.name}: {exc.details() or ''}")  # type: ignore[attr-defined]
+    details = exc.details() or ""  # type: ignore[attr-defined]
+    coordinator_cls, sidecar_cls = ERROR_CLASSES.get(code, (ServiceError, SidecarError))
+    if not sidecar:
+        return coordinator_cls(f"{status.name}: {details}")
+    return sidecar_cls(f"{status.name} {details}" if sidecar_cls is SidecarError else details)
 
 
-__all__ = ["ERROR_CODE_KEY", "STATUS_NAME", "AlreadyExistsError", "FailedPreconditionError",
+__all__ = ["ERROR_CLASSES", "ERROR_CODE_KEY", "STATUS_NAME", "AlreadyExistsError", "FailedPreconditionError",
            "InvalidArgumentError", "JobAbortedError", "JobRemovedError", "LeaseLostError", "NotFoundError",
            "NotReadyError", "OutOfOrderError", "PermissionDeniedError", "PermitTimeoutError",
            "PermitWaitTimeoutError", "PlacementMismatchError", "RankLeaseError", "ServiceError",
