@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("rollmux.core",)),
     ("wire", ("rollmux.proto", "rollmux.wire")),
-    ("policy", ("rollmux.coordinator.policy", "rollmux.coordinator.policies", "rollmux.coordinator.profiler",
-                "rollmux.coordinator.policy_flags",
+    ("policy", ("rollmux.coordinator.policy", "rollmux.coordinator.policy.registry", "rollmux.coordinator.policy.profiler",
+                "rollmux.coordinator.policy.flags",
                 "rollmux.coordinator.__init__")),
     ("service, simulator, sidecar", ("rollmux.coordinator.service", "rollmux.coordinator.sim",
                                      "rollmux.coordinator.place_cli", "rollmux.coordinator.placement_run",

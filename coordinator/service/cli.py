@@ -22,7 +22,7 @@ LIVE_MECHANISMS = {"learn": "learning", "regroup": "regroup", "work_aware": "wor
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from rollmux.coordinator.policy_flags import add_mechanism_flags
+    from rollmux.coordinator.policy.flags import add_mechanism_flags
     from rollmux.coordinator.service import env
     from rollmux.wire import env as wire_env
 
@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait", type=float, default=300.0, help="longest server-side permit wait, s")
     parser.add_argument("--migration-threshold", type=float, default=0.8,
                         help="rollout progress at which it is tail-bound (long-tail migration)")
-    from rollmux.coordinator.policies import ONLINE_POLICIES
+    from rollmux.coordinator.policy.registry import ONLINE_POLICIES
 
     parser.add_argument("--heartbeat-interval", type=float, default=2.0,
                         help="how often sidecars send heartbeats, s (a node silent 3 intervals turns LOST)")
@@ -81,7 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rollmux.coordinator.policy_flags import mechanisms_on
+    from rollmux.coordinator.policy.flags import mechanisms_on
     from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.runtime.api import ServiceConfig
     from rollmux.coordinator.service.server import Running, ServerOptions, serve

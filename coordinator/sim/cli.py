@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollmux.coordinator.policy.api import PolicyConfig
-from rollmux.coordinator.policy_flags import add_mechanism_flags, mechanisms_on
+from rollmux.coordinator.policy.flags import add_mechanism_flags, mechanisms_on
 from rollmux.coordinator.sim.api import ProgressFn, SimError, TraceJob
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.report import print_summaries

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollmux.coordinator.policies import ONLINE_POLICIES, create_policy
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.baselines import OptPolicy
 from rollmux.coordinator.policy.baselines.dedicated import colocated, gavel_plus
 from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.registry import ONLINE_POLICIES, create_policy
 from rollmux.coordinator.sim.api import SimContext, SimError, SimStrategy
 from rollmux.coordinator.sim.dedicated import DedicatedStrategy
 from rollmux.coordinator.sim.driver import GroupStrategy

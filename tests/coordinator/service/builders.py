@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollmux.coordinator.profiler import resolve
+from rollmux.coordinator.policy.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.core.model import ClusterSpec, JobSpec, Pool

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from rollmux.coordinator.policy import RollMuxPolicy
-from rollmux.coordinator.profiler import resolve
+from rollmux.coordinator.policy.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
