@@ -98,7 +98,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit non-zero below target")
     args = ap.parse_args()
     # Every mechanism on, as `rollmux simulate` runs it (work-aware check, best of the three moves).
-    config = PolicyConfig(work_aware=True, best_move=True, **mechanisms_on(args))
+    config = PolicyConfig.simulator(**mechanisms_on(args))
     print(f"policy: modes={config.modes} regroup={config.regroup} work_aware={config.work_aware} best_move={config.best_move}")
     ns = [int(x) for x in args.jobs.split(",")]
     rows = {}

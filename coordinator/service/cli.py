@@ -15,10 +15,9 @@ from rollmux.coordinator.service.event_loop import run as run_event_loop
 
 HELP = "Run the coordinator service (gRPC API rollmux.v1, Redis or embedded state, probes, metrics)."
 
-LIVE_MECHANISMS = {"learn": "learning", "regroup": "regroup", "work_aware": "work_aware", "best_move": "best_move",
-                   "regroup_on_learn": "regroup_on_learn"}
-"""The policy mechanisms a live coordinator may switch off: `PolicyConfig` field -> `ServiceConfig` field
-(deployment modes are opt-in, ``--deployment-modes``; the rest run as `live_policy_config` sets them)."""
+LIVE_MECHANISMS = ("learn", "regroup", "work_aware", "best_move", "regroup_on_learn")
+"""The policy mechanisms a live coordinator may switch off (`PolicyConfig` fields; deployment modes are
+opt-in, ``--deployment-modes``; the rest run as `PolicyConfig.live` sets them)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from rollmux.coordinator.policy.api import PolicyConfig
     from rollmux.coordinator.policy.flags import mechanisms_on
     from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.runtime.api import ServiceConfig
@@ -113,8 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                  heartbeat_interval_s=args.heartbeat_interval,
                                  max_nodes_per_job=args.max_nodes_per_job,
                                  relayed_registration=not args.no_relayed_registration,
-                                 deployment_modes=args.deployment_modes,
-                                 **{LIVE_MECHANISMS[f]: on for f, on in mechanisms_on(args).items()},
+                                 policy=PolicyConfig.live(modes=args.deployment_modes, **mechanisms_on(args)),
                                  relocation_deadline_s=args.relocation_deadline),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node,

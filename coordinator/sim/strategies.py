@@ -29,8 +29,7 @@ def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimSt
     if name == "rollmux":
         return GroupStrategy(name, RollMuxPolicy(ctx.policy_config or config))
     if name == "rollmux-alg1":  # the paper's Algorithm 1 alone: no modes, worst-case times, no regrouping
-        return GroupStrategy(name, RollMuxPolicy(PolicyConfig(max_group_size=ctx.max_group_size, modes=False,
-                                                              learn=False, regroup=False)))
+        return GroupStrategy(name, RollMuxPolicy(PolicyConfig.paper(max_group_size=ctx.max_group_size)))
     if name in ONLINE_POLICIES:  # by name, as `rollmux coordinator --policy` and `rollmux place --policy` build them
         return GroupStrategy(name, create_policy(name, config=config, seed=ctx.seed))
     if name == "colocate":
