@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY rollmux/ rollmux/
 COPY coordinator/ coordinator/
 COPY sidecar/ sidecar/
+COPY shim/ shim/
 COPY sync_plugin/ sync_plugin/
 COPY adapters/ adapters/
 COPY k8s/ k8s/

@@ -36,7 +36,8 @@ def _spec(name: str):  # type: ignore[no-untyped-def]
 def measure(cluster, iterations: int) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
     """Seconds per tracker call, keyed ``<action> <phase>``, plus ``iteration`` totals."""
     from rollmux.adapters.common import PhaseTracker
-    from rollmux.sidecar import registration, shim
+    from rollmux.shim import api as shim
+    from rollmux.shim import registration
 
     reg = registration.register(_spec("permit-path"), socket=cluster.sockets["train"])
     shim.init(socket=cluster.sockets["train"], job=reg.job, job_token=reg.token)

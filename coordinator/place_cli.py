@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-gpu", default="H20", help="GPU type of the rollout pool")
     parser.add_argument("--train-gpu", default="H800", help="GPU type of the training pool")
     parser.add_argument("--node-dram-tb", type=float, default=2.0, help="host DRAM per node, TB")
-    from rollmux.coordinator.policies import ONLINE_POLICIES
+    from rollmux.coordinator.policy.registry import ONLINE_POLICIES
 
     parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
                         help="placement policy by name, as in `rollmux coordinator` and `rollmux simulate` [default: rollmux]")

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollmux.coordinator.policies import create_policy
 from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
+from rollmux.coordinator.policy.profiler import resolve
+from rollmux.coordinator.policy.registry import create_policy
 from rollmux.coordinator.policy.regroup import Move, place_batch
-from rollmux.coordinator.profiler import resolve
 from rollmux.core.model import ClusterSpec, JobSpec
 
 

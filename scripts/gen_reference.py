@@ -398,9 +398,6 @@ def _base_names(node: ast.ClassDef) -> list[str]:
 
 TEST_ONLY = ("rollmux.testing",)
 """Packages that serve the tests only: their exceptions are not part of the product's error reference."""
-SAME_NAME = frozenset({"PlacementMismatchError"})
-"""Names two exception classes may share: the sidecar re-raises the wire's PlacementMismatchError to the rank as
-a rank-lease error of the same name (one error seen at two boundaries). Every other name is one class."""
 
 
 def _classes() -> Iterator[tuple[str, Path, ast.ClassDef]]:
@@ -434,7 +431,7 @@ def errors_page() -> str:
     seen: dict[str, str] = {}
     for module, _, n in classes:
         if n.name in errors and not n.name.startswith("_"):
-            if n.name in seen and n.name not in SAME_NAME:
+            if n.name in seen:
                 raise SystemExit(f"two exceptions are named {n.name} ({seen[n.name]}, {module}): give each its own name")
             seen[n.name] = module
     codes = {n.name: _code_of(n) for _, _, n in classes if n.name in errors}

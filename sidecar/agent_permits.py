@@ -28,18 +28,19 @@ from typing import TYPE_CHECKING, Any
 from rollmux.core.errors import ErrorCode
 from rollmux.core.model import Lease, Migration, Phase, phase_key
 from rollmux.sidecar.agent_records import AgentConfig, LocalJob
-from rollmux.sidecar.api import (
-    JobAbortedError,
-    PermitWaitTimeoutError,
-    RankLease,
-    RankLeaseError,
-    RankState,
-    SidecarUnreachableError,
-)
+from rollmux.sidecar.api import RankLease, RankState
 from rollmux.sidecar.gpu import GpuProvider, holders_over
 from rollmux.sidecar.proctree import with_descendants
 from rollmux.wire.client import CoordinatorClient
-from rollmux.wire.errors import FailedPreconditionError, PermitTimeoutError, ServiceError
+from rollmux.wire.errors import (
+    FailedPreconditionError,
+    JobAbortedError,
+    PermitTimeoutError,
+    PermitWaitTimeoutError,
+    RankLeaseError,
+    ServiceError,
+    SidecarUnreachableError,
+)
 
 log = logging.getLogger("rollmux.sidecar")
 

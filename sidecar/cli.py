@@ -70,6 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]:
     """The default socket path and, when it had to fall back to a temp dir, a message saying why."""
     from rollmux.sidecar import env
+    from rollmux.wire import env as coord_env
 
     wanted = socket_dir or os.environ.get(env.SOCKET_DIR) or DEFAULT_SOCKET_DIR
     try:
@@ -82,7 +83,7 @@ def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]
     os.makedirs(fallback, mode=0o700, exist_ok=True)
     return (os.path.join(fallback, SOCKET_NAME),
             f"rollmux sidecar: {wanted} is not writable, serving on {fallback}/{SOCKET_NAME} instead; point "
-            f"ranks at it with {env.SIDECAR_SOCKET}={fallback}/{SOCKET_NAME} (or run as a user who can write "
+            f"ranks at it with {coord_env.SIDECAR_SOCKET}={fallback}/{SOCKET_NAME} (or run as a user who can write "
             f"{wanted}, or pass --socket)")
 
 
@@ -181,7 +182,7 @@ def _wait_connected(agent: Any, args: argparse.Namespace, done: threading.Event)
 
 
 def _announce(args: argparse.Namespace, path: str, gpu: Any) -> None:
-    from rollmux.sidecar import env
+    from rollmux.wire import env as coord_env
 
     if args.ready_file:
         tmp = args.ready_file + ".tmp"
@@ -190,4 +191,4 @@ def _announce(args: argparse.Namespace, path: str, gpu: Any) -> None:
         os.replace(tmp, args.ready_file)
     print(f"rollmux sidecar: node {args.node_id} ({args.pool}, {gpu.facts().gpu_type} x{gpu.facts().gpu_count}, "
           f"nvml={'yes' if gpu.available else 'no'}) serving ranks on {path}; ranks opt in with "
-          f"{env.SIDECAR_SOCKET}={path}", file=sys.stderr, flush=True)
+          f"{coord_env.SIDECAR_SOCKET}={path}", file=sys.stderr, flush=True)

@@ -30,7 +30,7 @@ from rollmux.adapters.common import registration
 from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.core.errors import RollMuxError
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 log = logging.getLogger(__name__)
 

@@ -152,7 +152,7 @@ def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
 
 def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
     """Detach without deregistering (the job stays registered, its next phase Rollout(iteration))."""
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     r.finished = True  # no more gates in this process; the job stays registered
     try:

@@ -51,7 +51,7 @@ from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 from rollmux.wire import convert
 from rollmux.wire.auth import bearer, new_token, sha256_hex
 from rollmux.wire.client import NODE_METADATA_KEY
-from rollmux.wire.errors import STATUS_OF, trailing_metadata
+from rollmux.wire.errors import grpc_status, trailing_metadata
 from rollmux.wire.names import check_name
 
 log = logging.getLogger("rollmux.coordinator")
@@ -105,7 +105,7 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 async def _abort(context: grpc.aio.ServicerContext, code: ErrorCode, message: str) -> None:
     """End the call with `code`'s status and the code itself in the trailing metadata."""
-    await context.abort(STATUS_OF[code], message, trailing_metadata(code))
+    await context.abort(grpc_status(code), message, trailing_metadata(code))
 
 
 def _internal(method: str, context: grpc.aio.ServicerContext) -> str:

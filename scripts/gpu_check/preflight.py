@@ -26,9 +26,9 @@ PROTO = ROOT / "rollmux" / "proto"
 COMMON = ("torch", "grpc", "google.protobuf")
 STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "1": ("rollmux.sidecar.gpu",),
-    "2": ("pytest", "pytest_timeout", "rollmux.sidecar.state_cache", "rollmux.sidecar.gpu",
+    "2": ("pytest", "pytest_timeout", "rollmux.shim.state_cache", "rollmux.sidecar.gpu",
           "torch.distributed.fsdp", "rollmux.demo.tiny_grpo.job", "rollmux.sync_plugin.stream"),
-    "3": ("rollmux.sidecar.state_cache",),
+    "3": ("rollmux.shim.state_cache",),
     "4": ("rollmux.demo.launch", "rollmux.demo.report", "rollmux.demo.tiny", "rollmux.demo.tiny_grpo.rollmux_rank",
           "rollmux.coordinator.service.server", "rollmux.sidecar.cli", "rollmux.sidecar.server", "grpc_health.v1",
           "prometheus_client", "rollmux.sidecar.gpu"),

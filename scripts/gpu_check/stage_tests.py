@@ -12,7 +12,7 @@ import result
 from result import Check, at_least
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ("tests/sidecar/test_state_cache.py", "tests/sidecar/test_state_cache_paths.py",
+FILES = ("tests/shim/test_state_cache.py", "tests/shim/test_state_cache_paths.py",
          "tests/demo/tiny_grpo/test_tiny_grpo.py",
          "tests/sync_plugin/test_sync_gpu.py")
 

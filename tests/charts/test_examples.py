@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rollmux.sidecar import env as sidecar_env
+from rollmux.shim import env as sidecar_env
 
 from .conftest import CHART, K8S_VERSIONS, ci_values, helm, name, pod_spec, render
 

@@ -12,13 +12,14 @@ import pytest
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.core.model import ClusterSpec, JobSpec, Pool
-from rollmux.sidecar import env, registration, shim
+from rollmux.shim import api as shim
+from rollmux.shim import env, registration
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
-from rollmux.sidecar.api import ShimConfigError, SidecarUnreachableError
 from rollmux.sidecar.gpu import NoGpuProvider
 from rollmux.sidecar.server import serve
 from rollmux.wire import auth
 from rollmux.wire.client import CoordinatorClient, NodeSession
+from rollmux.wire.errors import ShimConfigError, SidecarUnreachableError
 
 from .conftest import run_python
 

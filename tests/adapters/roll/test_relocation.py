@@ -31,7 +31,7 @@ import pytest
 from rollmux.adapters.common.relocation import EXIT_RELOCATED, MARKER, read_marker
 from rollmux.coordinator.service.redis_store import RedisStore
 from rollmux.core.model import Deployment, JobSpec, Phase, Pool
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.sidecar.gpu import host_dram_bytes
 
 from .testbed import Pools, build_assets, launch, phase_records, roll_unavailable, wait_built

@@ -24,7 +24,7 @@ from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
 
 from rollmux.adapters.verl.relocation import EXIT_RELOCATED, MARKER, read_marker  # noqa: E402
 from rollmux.core.model import Deployment, JobSpec, Phase  # noqa: E402
-from rollmux.sidecar import env  # noqa: E402
+from rollmux.shim import env  # noqa: E402
 from rollmux.sidecar.gpu import host_dram_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

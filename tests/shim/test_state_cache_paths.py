@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rollmux.core.ports import free_port
-from rollmux.sidecar.state_cache import CacheState, StateCache, StateCacheConfig
+from rollmux.shim.state_cache import CacheState, StateCache, StateCacheConfig
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

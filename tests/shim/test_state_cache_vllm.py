@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.sidecar.state_cache import CacheState, CacheTransitionError
-from rollmux.sidecar.vllm_sleep import SleepModeUnavailableError, VllmSleep
+from rollmux.shim.state_cache import CacheState, CacheTransitionError
+from rollmux.shim.vllm_sleep import SleepModeUnavailableError, VllmSleep
 
 
 class FakeSleepingLLM:

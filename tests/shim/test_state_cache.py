@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollmux.core.errors import RollMuxError
-from rollmux.sidecar.state_cache import (
+from rollmux.shim.state_cache import (
     TRANSITIONS,
     CacheState,
     CacheTransitionError,

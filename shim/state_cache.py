@@ -163,6 +163,36 @@ class Lifecycle:
         self.state = dst
 
 
+
+class LifecycleHolder:
+    """What a cache with a :class:`Lifecycle` shows of it: its state, its history, guarded transitions
+    (the state cache and the vLLM sleep-mode helper hold one each)."""
+
+    _lifecycle: Lifecycle
+
+    @property
+    def state(self) -> CacheState:
+        """The current state."""
+        return self._lifecycle.state
+
+    @property
+    def history(self) -> tuple[TransitionRecord, ...]:
+        """Every transition so far, oldest first."""
+        return tuple(self._lifecycle.history)
+
+    def transition(self, dst: CacheState, detail: str = "") -> None:
+        """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
+
+        Args:
+            dst: the next state.
+            detail: why, stored in the history.
+
+        Raises:
+            CacheTransitionError: the edge is not in the table (including staying in the same state).
+        """
+        self._lifecycle.transition(dst, detail)
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """One chunk-sized copy between a device storage and a host chunk."""
@@ -251,7 +281,7 @@ class _Source:
     tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]] = field(repr=False)
 
 
-class StateCache:
+class StateCache(LifecycleHolder):
     """One job's (one rank's) warm-start cache of device state in host buffers.
 
     Usage::
@@ -298,30 +328,6 @@ class StateCache:
         self._copier = engine
         self.host_allocations = 0
         """How many host chunks were ever allocated (stays put across phases once warm)."""
-
-    # ----------------------------------------------------------------------------------- state
-
-    @property
-    def state(self) -> CacheState:
-        """The current state."""
-        return self._lifecycle.state
-
-    @property
-    def history(self) -> tuple[TransitionRecord, ...]:
-        """Every transition so far, oldest first."""
-        return tuple(self._lifecycle.history)
-
-    def transition(self, dst: CacheState, detail: str = "") -> None:
-        """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
-
-        Args:
-            dst: the next state.
-            detail: why, stored in the history.
-
-        Raises:
-            CacheTransitionError: the edge is not in the table (including staying in the same state).
-        """
-        self._lifecycle.transition(dst, detail)
 
     # ---------------------------------------------------------------------------- registration
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.sidecar import shim
-from rollmux.sidecar.shim_runtime import Runtime
+from rollmux.shim import api as shim
+from rollmux.shim.runtime import Runtime
 
 torch = pytest.importorskip("torch")
 
 
 def test_register_state_reserves_what_the_first_offload_needs(monkeypatch: pytest.MonkeyPatch) -> None:
-    rt = Runtime(socket="unused", job="job", token="t", rank=0, timeout_s=1.0, event_log=None, channel=None,
-                 stub=None, stream=None, rank_id="r0", node_id="n0", pool="train")
+    rt = Runtime(socket="unused", job="job", token="t", rank=0, timeout_s=1.0, event_log=None, client=None,
+                 events=None, rank_id="r0", node_id="n0", pool="train")
     monkeypatch.setattr(shim, "_runtime", rt)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 64))
