@@ -110,6 +110,10 @@ class Leases:
             transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=state.wall(), reason="asked again")
             state.touch(f"permit/{name}", permit)
             self._enqueue(permit)
+            permit.asked_at = state.clock()
+            self.grant_waiting(state.phase_nodes(job, phase))
+        elif permit.state is PermitState.QUEUED and not permit.asked_at:
+            permit.asked_at = state.clock()  # a request from now (memory only: nothing to store)
             self.grant_waiting(state.phase_nodes(job, phase))
         return permit
 
@@ -121,6 +125,7 @@ class Leases:
         """Store `permit` and let it wait from now (a relocated job's next phase, on its new nodes)."""
         self.state.touch(f"permit/{permit.job}", permit)
         self._enqueue(permit)
+        permit.asked_at = 0.0  # granted once its job asks on the new nodes
 
     def parked(self) -> set[str]:
         """Jobs whose lease lapsed or was revoked: passed over until they ask again."""
@@ -293,8 +298,19 @@ class Leases:
         state.permits[name] = nxt
         state.touch(f"permit/{name}", nxt)
         self._enqueue(nxt)
+        if self._continues_turn(job, permit.phase):
+            nxt.asked_at = nxt.queued_at  # the phase follows at once on the same nodes: no ask awaited
+        state.notify(Notice(kind=NoticeKind.JOB, job=name))  # an ask that came early waits for this
         self.grant_waiting(list(freed) + list(state.phase_nodes(job, phase)))
         return ReleaseResult(next_phase=phase, next_iteration=it, already_released=False)
+
+    def _continues_turn(self, job: JobRecord, ended: Phase) -> bool:
+        """Whether the phase after `ended` keeps the turn `ended` held (Train -> Sync; a co-located
+        Rollout -> its Train): it is a request as soon as it is queued."""
+        if ended is Phase.TRAIN:
+            return True
+        member = self.state.placement.groups[job.group_id].members.get(job.name) if job.group_id else None
+        return ended is Phase.ROLLOUT and member is not None and member.colocated
 
     def _estimates(self, permit: PermitRecord, duration_s: float) -> tuple[float, float]:
         """The job's (rollout, train) time estimates with the released phase's duration folded in."""
@@ -404,7 +420,7 @@ class Leases:
                                  reason=reason))
         transition(permit, PERMIT_TRANSITIONS, PermitState.REVOKED, now=self.state.wall(), reason=reason)
         transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.state.wall(), reason="relocated")
-        permit.nodes = ()
+        permit.nodes, permit.asked_at = (), 0.0
 
     def restore(self, permits: dict[str, PermitRecord]) -> None:
         """Load stored permits (coordinator restart): every one waits from now; a held lease restarts
@@ -415,6 +431,7 @@ class Leases:
         now = state.clock()
         for p in state.permits.values():
             p.queued_at = now
+            p.asked_at = now  # its job may be waiting already: a queued phase counts as asked
             if p.state is PermitState.GRANTED:
                 p.expires_at = dict.fromkeys(p.nodes, now + state.config.lease_ttl_s)
                 p.picked = True

@@ -152,6 +152,8 @@ class PermitRecord:
     queued_at: float = 0.0
     grantable_at: float = 0.0  # when the last needed node became free (grant latency starts here)
     picked: bool = True  # the job has been handed this grant (False: granted, no ask answered with it yet)
+    asked_at: float = 0.0  # QUEUED: when the job asked for the phase (0: not yet); only an asked phase borrows a
+    # node whose turn is another job's (grants.GrantQueues); a reload counts every queued phase as asked
 
     def describe(self) -> str:
         return f"permit {self.job} {self.phase.value}({self.iteration}) epoch {self.epoch}"
