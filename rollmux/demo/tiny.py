@@ -29,6 +29,7 @@ from rollmux.demo.launch import (
     interrupt_safe,
     read_jsonl,
 )
+from rollmux.demo.conservation import work_json
 from rollmux.demo.report import Summary, gantt, solo_iteration_s, solo_phase_s, summarize
 
 HELP = ("three tiny GRPO jobs run solo, then multiplexed through an embedded coordinator and two "
@@ -156,6 +157,7 @@ def run_demo(cfg: DemoConfig) -> Summary:
         "bubble_fraction": {p: 1 - b for p, b in summary.busy.items()}, "steady_window_s": summary.window_s,
         "cpu_share_of_phase_bodies": summary.cpu_share,
         "loadavg": os.getloadavg(), "overlapping_phases": summary.overlaps, "order_violations": summary.order_problems,
+        **(work_json(summary.work) if summary.work is not None else {}),
         "iterations_multiplexed": iterations, "wall_s": time.monotonic() - started}, indent=2))
     console.print(summary_table(summary))
     if summary.window_s <= 0:
