@@ -93,7 +93,7 @@ class GrantQueues:
             permit = state.permits.get(name)
             if permit is None:
                 continue
-            if permit.state is PermitState.QUEUED:
+            if permit.state is PermitState.QUEUED and not (permit.awaits_ask and not permit.asked_at):
                 # Train keeps the turn for its Sync; a co-located Rollout for its Train (same nodes).
                 keeps = permit.phase is Phase.TRAIN or (permit.phase is Phase.ROLLOUT and group.members[name].colocated)
                 requests[name] = PhaseRequest(job=name, nodes=state.phase_nodes(state.jobs[name], permit.phase),

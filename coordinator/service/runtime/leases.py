@@ -59,6 +59,8 @@ class UnusedNode(str, Enum):
 
     RELEASED = "released"  # released on the job's behalf: its ranks attached elsewhere, not there
     KEPT_NO_ATTACH_YET = "kept-no-attach-yet"  # no rank of the job attached anywhere yet: one may still come
+    TAKEN_BACK = "taken-back"  # no rank attached anywhere and the job never asked for the phase: revoked, its
+    # phase waits for the job's ask (the node is not held while the job's processes start)
     KEPT_ATTACHED = "kept-attached"  # another sidecar of the job reported a rank there meanwhile
     KEPT_NOTHING_RAN = "kept-nothing-ran"  # the permit's last node and no node released it: the lease lapses
     STALE = "stale"  # the lease ended or no longer holds the node
@@ -106,6 +108,7 @@ class Leases:
         if permit.state is PermitState.GRANTED:
             self.extend(permit)
             permit.picked = True  # the job holds this grant now (a relocation may no longer take it back)
+            permit.asked_at = permit.asked_at or state.clock()
         elif permit.state in PERMIT_PARKED:
             transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=state.wall(), reason="asked again")
             state.touch(f"permit/{name}", permit)
@@ -115,6 +118,8 @@ class Leases:
         elif permit.state is PermitState.QUEUED and not permit.asked_at:
             permit.asked_at = state.clock()  # a request from now (memory only: nothing to store)
             self.grant_waiting(state.phase_nodes(job, phase))
+        if permit.state is PermitState.GRANTED:
+            permit.picked = True  # granted to this ask (here or earlier): the caller gets it
         return permit
 
     def _enqueue(self, permit: PermitRecord) -> None:
@@ -263,6 +268,9 @@ class Leases:
                 or node_id not in permit.nodes):
             return UnusedNode.STALE
         if not job.attach_nodes:
+            if not permit.asked_at:  # granted before the job ever asked: do not hold the node while it starts
+                self._await_ask(permit)
+                return UnusedNode.TAKEN_BACK
             return UnusedNode.KEPT_NO_ATTACH_YET
         if node_id in job.attach_nodes:
             return UnusedNode.KEPT_ATTACHED
@@ -270,6 +278,15 @@ class Leases:
             return UnusedNode.KEPT_NOTHING_RAN
         self.release(name, epoch, 0.0, node_id=node_id)
         return UnusedNode.RELEASED
+
+    def _await_ask(self, permit: PermitRecord) -> None:
+        """Revoke a grant no ask was answered with (fenced by its epoch) and queue its phase again,
+        granted only once the job asks for it; the freed nodes go to the phases waiting for them."""
+        freed = permit.nodes
+        self.take_back(permit, "granted before the job asked, no rank attached", requeued="waits for its ask")
+        permit.awaits_ask = True
+        self.state.touch(f"permit/{permit.job}", permit)
+        self.grant_waiting(freed)
 
     def _release_node(self, permit: PermitRecord, node_id: str, duration_s: float) -> None:
         """One node of a lease that goes on released: free it alone, hand it to the phases waiting for it."""
@@ -409,7 +426,7 @@ class Leases:
         transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.state.wall(), reason=reason)
         self.state.forget(f"permit/{name}")
 
-    def take_back(self, permit: PermitRecord, reason: str) -> None:
+    def take_back(self, permit: PermitRecord, reason: str, *, requeued: str = "relocated") -> None:
         """A grant made but never picked up is revoked and its phase queued again (a relocation
         switches the job at this boundary). No-op for a permit not GRANTED."""
         if permit.state is not PermitState.GRANTED:
@@ -419,7 +436,7 @@ class Leases:
         self.state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=permit.nodes, epoch=permit.epoch,
                                  reason=reason))
         transition(permit, PERMIT_TRANSITIONS, PermitState.REVOKED, now=self.state.wall(), reason=reason)
-        transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.state.wall(), reason="relocated")
+        transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.state.wall(), reason=requeued)
         permit.nodes, permit.asked_at = (), 0.0
 
     def restore(self, permits: dict[str, PermitRecord]) -> None:

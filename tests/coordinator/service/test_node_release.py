@@ -331,3 +331,22 @@ def test_pinned_options_are_joins_of_the_attach_nodes_groups_then_new_groups_che
     assert any(d.group_id is None for d in opts)
     elsewhere = pinned_options(rt.state.policy, job, rt.state.placement, ("r3",))  # a node in no group
     assert elsewhere and all(d.group_id is None for d in elsewhere)
+
+
+def test_a_grant_no_ask_was_answered_with_is_taken_back_when_the_job_has_no_rank_anywhere() -> None:
+    from rollmux.coordinator.service.runtime.leases import UnusedNode
+
+    rt, _ = make_runtime()
+    shared, _other = two_node_rollout(rt)
+    first = rt.permits["a"]  # granted at admission, before a's processes asked
+    assert first.state is PermitState.GRANTED and not first.picked
+    epoch = first.epoch
+    assert rt.grant_without_rank(shared, "a", epoch) is UnusedNode.TAKEN_BACK
+    assert rt.permits["a"].state is PermitState.QUEUED  # not granted again until a asks
+    assert "a" not in rt.holder.values()
+    assert grant(rt, "b").nodes == (shared,)  # the node serves b meanwhile
+    p = rt.acquire("a", Phase.ROLLOUT, 0)
+    assert p is not None and p.state is PermitState.QUEUED  # a asks: it waits for b's rollout on the shared node
+    rt.release("b", rt.permits["b"].epoch, 1.0)
+    assert rt.permits["a"].state is PermitState.GRANTED and rt.permits["a"].epoch > epoch
+    rt.check_invariants()
