@@ -82,6 +82,8 @@ class PhaseRequest:
     job: str
     nodes: tuple[str, ...]
     keeps_turn: bool = False  # the job's next phase continues on these nodes within the same turn
+    continues: bool = False  # the job's previous phase just let go of these nodes and this one follows on them
+    # (Train -> Sync): it goes first whoever's turn it is (the same turn, or the same loan, goes on)
     ready: bool = True  # the job asked for the phase (False: queued at its previous phase's release, no ask
     # yet); only a ready request borrows a node (`lend`)
     since: float = 0.0  # when the job asked (s, any clock): loans go to the longest-waiting request first
@@ -143,16 +145,18 @@ def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: 
     taken: set[str] = set()  # granted in this step
     waiting = dict(requests)
     for _ in range(1 + sum(len(r.order) for r in rings.values())):  # each pass-over moves a turn on
-        for job in sorted(waiting):
+        for job in sorted(waiting, key=lambda j: (not waiting[j].continues, j)):  # continuations first
             req = waiting[job]
-            if all(n in usable and n not in holders and n not in taken and turns.get(n, rings[n].turn) == job
+            owners = {n: turns.get(n, rings[n].turn) for n in req.nodes}
+            if all(n in usable and n not in holders and n not in taken and (owners[n] == job or req.continues)
                    for n in req.nodes):
                 grants.append(Grant(job=job, nodes=req.nodes))
                 taken.update(req.nodes)
                 del waiting[job]
                 if not req.keeps_turn:
                     for n in req.nodes:
-                        turns[n], served[n] = rings[n].after(job), job
+                        if owners[n] == job:  # a continued loan leaves the turn where it is
+                            turns[n], served[n] = rings[n].after(job), job
         if lend:
             _lend(rings, turns, served, holders, waiting, usable=usable, taken=taken, grants=grants)
         edge = deadlock_edge(rings, turns, holders, waiting, usable=usable, taken=taken)

@@ -1,4 +1,5 @@
-"""Work conservation from phase records: idle-while-runnable and handoffs, on hand-built records."""
+"""Work conservation from phase records: idle-while-runnable and handoffs, on hand-built records and
+on the records of the demo's three jobs run through RollMux (a property of the records, not a timing)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,36 @@ def test_quantiles_and_bound() -> None:
     assert [h.iteration for h in c.over(0.05)] == [99]
     assert work_json(c)["handoff_max_ms"] == pytest.approx(300.0)
     assert conservation([]).handoffs == () and conservation([]).quantile_ms(0.99) == 0.0
+
+
+# ----------------------------------------------------------------------------- the demo's own records
+BOUND_S = 0.5
+"""Longest a node may sit idle while a phase that may run there waits for it. A handoff costs
+milliseconds (release, grant, two local hops); half a second leaves room for two cores shared with
+other work, and is still shorter than any phase a turn-order wait would leave a node idle for."""
+
+
+@pytest.mark.timeout(300)
+def test_in_the_demo_no_node_idles_while_a_runnable_phase_waits_longer_than_the_bound(tmp_path) -> None:  # noqa: ANN001
+    import time
+    from dataclasses import replace
+
+    from rollmux.demo.launch import LocalCluster, read_jsonl
+    from rollmux.demo.report import overlaps, spans, steady_window
+    from rollmux.demo.tiny import DEMO_JOBS
+
+    with LocalCluster(tmp_path, fill_saturated=True) as cluster:
+        tokens = {k.name: cluster.register(k, t_roll_s=0.3, t_train_s=0.3, slo=8.0) for k in DEMO_JOBS}
+        running = [cluster.launch(replace(k, iterations=6), tokens[k.name]) for k in DEMO_JOBS]
+        deadline = time.monotonic() + 240
+        while any(j.poll() is None for j in running):
+            assert time.monotonic() < deadline, "jobs did not finish in time"
+            time.sleep(0.2)
+        assert {j.knobs.name: j.poll() for j in running} == {k.name: 0 for k in DEMO_JOBS}, f"logs in {tmp_path}"
+    records = read_jsonl(tmp_path / "phases.jsonl")
+    sp = spans(records)
+    assert not overlaps(sp)
+    work = conservation(records, steady_window(sp))
+    assert len(work.handoffs) >= 10, work  # the three jobs did hand the nodes to each other
+    late = [(h.node, h.job, h.phase, h.iteration, round(h.idle_runnable_s, 3)) for h in work.over(BOUND_S)]
+    assert not late, f"a node idled longer than {BOUND_S}s while a phase waited for it: {late}"

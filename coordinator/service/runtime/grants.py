@@ -96,9 +96,12 @@ class GrantQueues:
             if permit.state is PermitState.QUEUED and not (permit.awaits_ask and not permit.asked_at):
                 # Train keeps the turn for its Sync; a co-located Rollout for its Train (same nodes).
                 keeps = permit.phase is Phase.TRAIN or (permit.phase is Phase.ROLLOUT and group.members[name].colocated)
+                # A Sync (a co-located Train) follows its Train (Rollout) on the nodes it just let go of,
+                # whether that phase had the turn or borrowed the nodes.
+                continues = permit.phase is Phase.SYNC or (permit.phase is Phase.TRAIN and group.members[name].colocated)
                 requests[name] = PhaseRequest(job=name, nodes=state.phase_nodes(state.jobs[name], permit.phase),
-                                              keeps_turn=keeps, ready=permit.asked_at > 0,
-                                              since=permit.asked_at)
+                                              keeps_turn=keeps, continues=continues,
+                                              ready=permit.asked_at > 0, since=permit.asked_at)
             elif permit.state in PERMIT_PARKED:
                 skip.append(name)
         usable = [n for n in rings if self.liveness.usable(n)]

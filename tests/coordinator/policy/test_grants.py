@@ -202,3 +202,12 @@ def test_a_loan_keeps_the_turn_so_the_turn_job_goes_next() -> None:
     back = grant_step(rings, {}, {"a": req("a", "t", since=5.0), "b": req("b", "t", since=1.0)}, usable={"t"},
                       lend=True)
     assert [g.job for g in back.grants] == ["a"] and back.served == {"t": "a"}
+
+
+def test_a_borrowed_train_keeps_its_nodes_for_its_sync_and_the_turn_stays() -> None:
+    rings = {"t": Ring(order=("a", "b"), turn="a")}
+    train = PhaseRequest(job="b", nodes=("t",), keeps_turn=True, since=1.0)
+    assert [g.job for g in grant_step(rings, {}, {"b": train}, usable={"t"}, lend=True).grants] == ["b"]
+    sync = PhaseRequest(job="b", nodes=("t",), continues=True, since=2.0)
+    step = grant_step(rings, {}, {"a": req("a", "t", since=1.5), "b": sync}, usable={"t"}, lend=True)
+    assert [g.job for g in step.grants] == ["b"] and step.served == {}  # a asked meanwhile: it goes next
