@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.core.errors import RollMuxError, SpecError
+from rollmux.demo.conservation import work_json
 from rollmux.demo.launch import (
     JobKnobs,
     LaunchError,
@@ -29,7 +30,6 @@ from rollmux.demo.launch import (
     interrupt_safe,
     read_jsonl,
 )
-from rollmux.demo.conservation import work_json
 from rollmux.demo.report import Summary, gantt, solo_iteration_s, solo_phase_s, summarize
 
 HELP = ("three tiny GRPO jobs run solo, then multiplexed through an embedded coordinator and two "
