@@ -56,10 +56,11 @@ def test_quantiles_and_bound() -> None:
 
 
 # ----------------------------------------------------------------------------- the demo's own records
-BOUND_S = 0.5
+BOUND_S = 0.3
 """Longest a node may sit idle while a phase that may run there waits for it. A handoff costs
-milliseconds (release, grant, two local hops); half a second leaves room for two cores shared with
-other work, and is still shorter than any phase a turn-order wait would leave a node idle for."""
+milliseconds (release, grant, two local hops; the worst seen on two cores shared with 15-30 other
+runnable processes was 0.11 s); a turn-order wait leaves the node idle for a whole phase of another
+job (0.3-1.4 s in the demo on a quiet machine)."""
 
 
 @pytest.mark.timeout(300)
