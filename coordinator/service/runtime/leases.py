@@ -268,7 +268,10 @@ class Leases:
                 or node_id not in permit.nodes):
             return UnusedNode.STALE
         if not job.attach_nodes:
-            if not permit.asked_at:  # granted before the job ever asked: do not hold the node while it starts
+            # Granted before the job ever asked, on its one node: do not hold the node while the job starts.
+            # (A multi-node permit stays: its ranks attach node by node, and a node released on the job's
+            # behalf before its rank came could not be given back to the same phase.)
+            if not permit.asked_at and len(permit.nodes) == 1 and not permit.freed_nodes:
                 self._await_ask(permit)
                 return UnusedNode.TAKEN_BACK
             return UnusedNode.KEPT_NO_ATTACH_YET
@@ -448,7 +451,7 @@ class Leases:
         now = state.clock()
         for p in state.permits.values():
             p.queued_at = now
-            p.asked_at = now  # its job may be waiting already: a queued phase counts as asked
+            p.asked_at = 0.0  # asks to the previous leader are lost: a job that waits asks again (and borrows)
             if p.state is PermitState.GRANTED:
                 p.expires_at = dict.fromkeys(p.nodes, now + state.config.lease_ttl_s)
                 p.picked = True
