@@ -56,13 +56,15 @@ def test_quantiles_and_bound() -> None:
 
 
 # ----------------------------------------------------------------------------- the demo's own records
-BOUND_S = 0.3
+BOUND_S = 0.5
 """Longest a node may sit idle while a phase that may run there waits for it. A handoff costs
-milliseconds (release, grant, two local hops; the worst seen on two cores shared with 15-30 other
-runnable processes was 0.11 s); a turn-order wait leaves the node idle for a whole phase of another
-job (0.3-1.4 s in the demo on a quiet machine)."""
+milliseconds (release, grant, two local hops; the worst seen in demo and benchmark runs on two cores
+shared with 15-30 other runnable processes was 0.11 s); a turn-order wait leaves the node idle for a
+whole phase of another job (36 waits over 0.5 s, up to 1.4 s, in one demo run on a lightly loaded
+machine before grants lent idle nodes)."""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_in_the_demo_no_node_idles_while_a_runnable_phase_waits_longer_than_the_bound(tmp_path) -> None:  # noqa: ANN001
     import time
