@@ -19,16 +19,16 @@ job acknowledges, or nothing changes) and `apply_plan` applies it to a `ClusterS
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
-from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
+from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, OptimalGroup, optimal_partition
 from rollmux.coordinator.policy.placement import (
+    Candidate,
     RollMuxPolicy,
     allowed_modes,
     candidates,
-    group_prune_reason,
     isolated_cost,
     join_decision,
     new_group_options,
@@ -119,9 +119,10 @@ def search_jobs(state: ClusterState, touched: Sequence[str], max_jobs: int = PLA
 
 
 def plan_regroup(state: ClusterState, policy: RollMuxPolicy, touched: Sequence[str], remaining: RemainingFn,
-                 max_jobs: int = PLAN_JOBS) -> Plan | None:
+                 max_jobs: int = PLAN_JOBS, fresh: Collection[str] = ()) -> Plan | None:
     """The cheapest re-partition of the jobs in `touched` groups (and the smallest others, up to
-    `max_jobs`), as one plan of several moves, if it pays; None otherwise."""
+    `max_jobs`), as one plan of several moves, if it pays; None otherwise. `fresh`: jobs placed but
+    not started (an arrival's plan), whose move costs no downtime (nothing to checkpoint)."""
     config = policy.config
     if not config.regroup:
         return None
@@ -140,7 +141,7 @@ def plan_regroup(state: ClusterState, policy: RollMuxPolicy, touched: Sequence[s
     if sorted(map(sorted, targets)) == sorted(map(sorted, current.values())):
         return None
     for keep_bases in (True, False):
-        built = _realise(state, policy, gids, targets, current, keep_bases)
+        built = _realise(state, policy, gids, targets, current, keep_bases, None if keep_bases else part.groups, fresh)
         if built is not None:
             break
     else:
@@ -164,33 +165,45 @@ def plan_regroup(state: ClusterState, policy: RollMuxPolicy, touched: Sequence[s
 
 def _pays(state: ClusterState, policy: RollMuxPolicy, fork: ClusterState, moves: Sequence[Move], saving: float,
           remaining: RemainingFn) -> bool:
-    """Saving over the shortest remaining run of the moved jobs >= payback x their downtime's $
-    (each at the larger of its own lone $/h and the $/h of the group it joins, which waits for it),
-    and each moved job's downtime fits `regroup.SLACK_SHARE` of its SLO slack where it goes."""
+    """Saving over the shortest remaining run of the moved jobs >= payback x their downtime's $, and
+    each moved job's downtime fits `regroup.SLACK_SHARE` of its SLO slack where it goes.
+
+    The moves switch together, so the downtime costs each group a moved job lands in its whole $/h
+    until its slowest arrival has reloaded (its members wait for it in the round-robin order), and
+    each moved job at least its own lone group's $ for its own downtime."""
     config = policy.config
     rem = {m.job: remaining(m.job) for m in moves}
     if min(rem.values()) <= 0:
         return False
-    downtime_usd_s = 0.0
+    wait: dict[str, float] = {}
+    own_usd_s = 0.0
     for m in moves:
-        spec = fork.groups[fork.job_group[m.job]].members[m.job].spec
-        target = fork.groups[fork.job_group[m.job]]
-        downtime_usd_s += max(isolated_cost(spec, state.cluster), target.usd_per_h) * m.downtime_s
+        gid = fork.job_group[m.job]
+        target = fork.groups[gid]
         member = target.members[m.job]
+        spec = member.spec
+        wait[gid] = max(wait.get(gid, 0.0), m.downtime_s)
+        own_usd_s += isolated_cost(spec, state.cluster) * m.downtime_s
         t_solo = member.profile.t_solo_s if member.profile.learned else spec.t_solo_s
         slowdown = m.decision.t_coexec_s.get(m.job, t_solo) / t_solo
         if m.downtime_s > SLACK_SHARE * (spec.slo - slowdown) * rem[m.job]:
             return False
+    downtime_usd_s = max(own_usd_s, sum(fork.groups[g].usd_per_h * s for g, s in wait.items()))
     return saving * min(rem.values()) >= config.regroup_payback * downtime_usd_s
 
 
 def _realise(state: ClusterState, policy: RollMuxPolicy, gids: Sequence[str], targets: Sequence[frozenset[str]],
-             current: dict[str, frozenset[str]], keep_bases: bool) -> tuple[ClusterState, list[Move], list[str], list[tuple[str, tuple[str, ...]]]] | None:
+             current: dict[str, frozenset[str]], keep_bases: bool, exact: Sequence[OptimalGroup] | None = None,
+             fresh: Collection[str] = ()) -> tuple[ClusterState, list[Move], list[str], list[tuple[str, tuple[str, ...]]]] | None:
     """Build `targets` on a scratch fork: each target keeps the existing group it overlaps most (with
     `keep_bases`; its overlapping members stay), the other jobs leave and join by the policy's checks.
-    Returns (fork, moves in apply order, ids of the groups opened) or None when a join fails a check."""
+    Without bases and with `exact` (the optimum's groups), each group is built in the optimum's member
+    order and rollout pinning. Returns (fork, moves in apply order, ids of the groups opened, the
+    moves' placeholder ids) or None when a join fails a check."""
     bases: dict[int, str] = {}
-    if keep_bases:
+    if not keep_bases:  # a target that is an existing group as it is stays
+        bases = {k: g for k, t in enumerate(targets) for g in gids if current[g] == t}
+    else:
         free = set(gids)
         for k in sorted(range(len(targets)), key=lambda k: -len(targets[k])):
             best = max(free, key=lambda g: (len(targets[k] & current[g]), -list(gids).index(g)), default=None)
@@ -218,17 +231,26 @@ def _realise(state: ClusterState, policy: RollMuxPolicy, gids: Sequence[str], ta
         return ids
 
     for k, target in enumerate(targets):
-        joiners = sorted((n for n in target if n not in stay),
-                         key=lambda n: (-isolated_cost(specs[n], state.cluster), -specs[n].t_solo_s, n))
         gid = bases.get(k)
         if gid is not None and gid not in fork.groups:
             return None  # every member left: nothing kept
+        if gid is None and exact is not None:  # the optimum's own order and pinning
+            joiners = [n for n in exact[k].jobs if n not in stay]
+        else:
+            joiners = sorted((n for n in target if n not in stay),
+                             key=lambda n: (-isolated_cost(specs[n], state.cluster), -specs[n].t_solo_s, n))
+        rollout: list[str] = []  # the new group's rollout nodes in the optimum's index order
         for n in joiners:
             spec, prof = specs[n], profiles[n]
             if gid is None:
-                decision = _alone(policy, spec, prof, state, multi=len(target) > 1)
+                decision = _opening(policy, spec, state, exact[k] if exact is not None else None, len(target) > 1)
             else:
-                decision = _join(policy, spec, prof, _own(fork, gid, owned))
+                group = _own(fork, gid, owned)
+                pinned = None
+                if exact is not None and k not in bases:
+                    pinned = [rollout[i] for i in exact[k].pinning[n] if i < len(rollout)]
+                decision = _join(policy, spec, prof, group, pinned,
+                                 len([i for i in exact[k].pinning[n] if i >= len(rollout)]) if pinned is not None else 0)
             if decision is None:
                 return None
             made.clear()
@@ -236,6 +258,7 @@ def _realise(state: ClusterState, policy: RollMuxPolicy, gids: Sequence[str], ta
                 group = fork.apply(spec, decision, allocate=alloc)
             except PolicyError:
                 return None
+            rollout = list(group.rollout)
             opens = ""
             if gid is None:
                 gid = opens = group.group_id
@@ -245,37 +268,50 @@ def _realise(state: ClusterState, policy: RollMuxPolicy, gids: Sequence[str], ta
             if prof != PhaseProfile.planned(spec):
                 group.set_profile(n, prof)
             moves.append(Move(job=n, from_group=where[n], decision=decision, saving_usd_per_h=0.0,
-                              downtime_s=relocation_s(spec, policy.config),
+                              downtime_s=0.0 if n in fresh else relocation_s(spec, policy.config),
                               reason=f"{n}: {where[n]} -> {gid} ({decision.strategy.value}, {decision.deployment.value})"))
     return fork, moves, opened, steps
 
 
-def _alone(policy: RollMuxPolicy, spec: JobSpec, profile: PhaseProfile, state: ClusterState,
-           multi: bool) -> PlacementDecision | None:
-    """The first job of a target group in a new group: its cheapest lone group that meets its SLO, or
-    (others join it) the disaggregated one, which is the shape a shared group has."""
-    if multi:
-        options = [o for o in new_group_options(spec, state.cluster, (Deployment.DISAGGREGATED,))]
-        if not options or Deployment.DISAGGREGATED not in allowed_modes(spec, policy.config):
-            return None
-        o = options[0]
-        return PlacementDecision(job=spec.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
-                                 new_rollout_nodes=o.rollout_nodes, new_train_nodes=o.train_nodes,
-                                 delta_usd_per_h=o.usd_per_h, t_coexec_s={spec.name: o.planned_s},
-                                 deployment=o.deployment, train_pool=o.train_pool, reason="multi-move: opens a group")
-    options = policy.alone_options(spec, state.cluster)
-    return options[0] if options else None
+def _opening(policy: RollMuxPolicy, spec: JobSpec, state: ClusterState, exact: OptimalGroup | None,
+             multi: bool) -> PlacementDecision | None:
+    """The first job of a target group, in a new group: alone, its cheapest lone group that meets its
+    SLO; with others to join, a disaggregated group of the optimum's training nodes (the most any of
+    them needs) and the job's own rollout nodes."""
+    if not multi:
+        options = policy.alone_options(spec, state.cluster)
+        return options[0] if options else None
+    if Deployment.DISAGGREGATED not in allowed_modes(spec, policy.config):
+        return None
+    o = new_group_options(spec, state.cluster, (Deployment.DISAGGREGATED,))[0]
+    train = max(o.train_nodes, exact.train_nodes if exact is not None else 0)
+    roll = len(exact.pinning[spec.name]) if exact is not None else o.rollout_nodes
+    usd = roll * state.cluster.node_usd_per_h(Pool.ROLLOUT) + train * state.cluster.node_usd_per_h(Pool.TRAIN)
+    return PlacementDecision(job=spec.name, strategy=Strategy.ISOLATED, group_id=None, rollout_nodes=(),
+                             new_rollout_nodes=roll, new_train_nodes=train, delta_usd_per_h=usd,
+                             t_coexec_s={spec.name: o.planned_s}, deployment=o.deployment, train_pool=o.train_pool,
+                             reason="multi-move: opens a group")
 
 
-def _join(policy: RollMuxPolicy, spec: JobSpec, profile: PhaseProfile, group: GroupState) -> PlacementDecision | None:
-    """`spec` into `group` by its cheapest placement that passes the policy's checks (SLO with margins, DRAM)."""
+def _join(policy: RollMuxPolicy, spec: JobSpec, profile: PhaseProfile, group: GroupState,
+          pinned: list[str] | None = None, new_nodes: int = 0) -> PlacementDecision | None:
+    """`spec` into `group` on `pinned` existing plus `new_nodes` new rollout nodes (the optimum's
+    pinning), else by its cheapest candidate, if it passes the policy's checks (group size, nodes
+    that take work, SLO with margins, host DRAM)."""
     config = policy.config
     prof = profile if profile.learned else policy.initial_profile(spec)
-    allowed = allowed_modes(spec, config)
-    if group_prune_reason(group, spec, config, allowed, prof) is not None:
+    if (len(group.members) >= config.max_group_size or not group.train_available
+            or not group.allows(Deployment.DISAGGREGATED) or spec.n_train_gpus > group.train_gpus):
         return None
     cluster = group._cluster  # noqa: SLF001 (the group's own price table)
-    cands, _ = candidates(group, spec, cluster, allowed)
+    if pinned is not None:
+        cands = [Candidate(group=group, existing_nodes=tuple(pinned), new_nodes=new_nodes)]
+        if any(not group.rollout[n].available
+               or group.rollout[n].dram_used_bytes + (spec.rollout_state_bytes or 0) >= group.rollout[n].host_dram_bytes
+               for n in pinned):
+            cands = []
+    else:
+        cands, _ = candidates(group, spec, cluster, allowed_modes(spec, config))
     for cand in cands:
         periods, rejected = slo_check(cand, spec, config, prof)
         if rejected is None and periods is not None:
