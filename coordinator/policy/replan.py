@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
+from rollmux.coordinator.policy.intra_group import member_periods
 from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, OptimalGroup, optimal_partition
 from rollmux.coordinator.policy.placement import (
     Candidate,
@@ -185,7 +186,7 @@ def _pays(state: ClusterState, policy: RollMuxPolicy, fork: ClusterState, moves:
         wait[gid] = max(wait.get(gid, 0.0), m.downtime_s)
         own_usd_s += isolated_cost(spec, state.cluster) * m.downtime_s
         t_solo = member.profile.t_solo_s if member.profile.learned else spec.t_solo_s
-        slowdown = m.decision.t_coexec_s.get(m.job, t_solo) / t_solo
+        slowdown = member_periods(target.timings())[m.job] / t_solo  # once the whole plan is in place
         if m.downtime_s > SLACK_SHARE * (spec.slo - slowdown) * rem[m.job]:
             return False
     downtime_usd_s = max(own_usd_s, sum(fork.groups[g].usd_per_h * s for g, s in wait.items()))
