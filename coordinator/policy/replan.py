@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.intra_group import member_periods
-from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, OptimalGroup, optimal_partition
+from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, OptimalGroup, SearchBudgetError, optimal_partition
 from rollmux.coordinator.policy.placement import (
     Candidate,
     RollMuxPolicy,
@@ -48,6 +48,11 @@ from rollmux.core.model import Deployment, JobSpec, Pool
 
 PLAN_JOBS = 8
 """Jobs one multi-move search re-partitions at most (the exact partition is exponential in them)."""
+
+SEARCH_STEPS = 20_000
+"""Pinning steps one multi-move search may take (`optimum.optimal_partition`'s `max_steps`): a few
+hundred ms of one core; some job sets need minutes to prove their groups infeasible, and an event
+loop must not wait that long. Past it, no plan."""
 
 _NEW = "<plan-"  # group ids and node ids a plan opens are named `<plan-...>` until applied
 
@@ -133,7 +138,10 @@ def plan_regroup(state: ClusterState, policy: RollMuxPolicy, touched: Sequence[s
         return None
     specs = {n: state.groups[state.job_group[n]].members[n].spec for n in names}
     planned = [_planned_spec(specs[n], _profile(state, n)) for n in names]
-    part = optimal_partition(planned, state.cluster, config, margins=True)
+    try:
+        part = optimal_partition(planned, state.cluster, config, margins=True, max_steps=SEARCH_STEPS)
+    except SearchBudgetError:
+        return None  # a search past its bound proposes nothing: every job stays where it is
     usd_before = sum(state.groups[g].usd_per_h for g in gids)
     if part.usd_per_h >= usd_before - 1e-6:
         return None
