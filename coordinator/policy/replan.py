@@ -24,7 +24,12 @@ from dataclasses import dataclass, replace
 
 from rollmux.coordinator.policy.api import PlacementDecision, PolicyError, Strategy
 from rollmux.coordinator.policy.intra_group import member_periods
-from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, OptimalGroup, SearchBudgetError, optimal_partition
+from rollmux.coordinator.policy.optimum import (
+    MAX_OPT_JOBS,
+    OptimalGroup,
+    SearchBudgetError,
+    optimal_partition,
+)
 from rollmux.coordinator.policy.placement import (
     Candidate,
     RollMuxPolicy,
@@ -167,8 +172,8 @@ def plan_regroup(state: ClusterState, policy: RollMuxPolicy, touched: Sequence[s
         return None
     why = (f"{len(moves)} moves re-partition {len(names)} jobs of {len(gids)} groups "
            f"(${usd_before:,.2f}/h -> ${usd_after:,.2f}/h): they pay only together")
-    moves = tuple(replace(m, saving_usd_per_h=saving, reason=f"{why}; {m.reason}") for m in moves)
-    return Plan(moves=moves, usd_before=usd_before, usd_after=usd_after, saving_usd_per_h=saving, reason=why,
+    final = tuple(replace(m, saving_usd_per_h=saving, reason=f"{why}; {m.reason}") for m in moves)
+    return Plan(moves=final, usd_before=usd_before, usd_after=usd_after, saving_usd_per_h=saving, reason=why,
                 steps=tuple(steps))
 
 
@@ -220,7 +225,7 @@ def _realise(state: ClusterState, policy: RollMuxPolicy, gids: Sequence[str], ta
                 bases[k] = best
                 free.discard(best)
     stay = {n for k, g in bases.items() for n in targets[k] & current[g]}
-    fork, owned = _fork(state), set()
+    fork, owned = _fork(state), set[str]()
     where = {n: state.job_group[n] for g in gids for n in current[g]}
     specs = {n: state.groups[where[n]].members[n].spec for n in where}
     profiles = {n: state.groups[where[n]].members[n].profile for n in where}
@@ -255,11 +260,11 @@ def _realise(state: ClusterState, policy: RollMuxPolicy, gids: Sequence[str], ta
                 decision = _opening(policy, spec, state, exact[k] if exact is not None else None, len(target) > 1)
             else:
                 group = _own(fork, gid, owned)
-                pinned = None
+                pinned, new = None, 0
                 if exact is not None and k not in bases:
                     pinned = [rollout[i] for i in exact[k].pinning[n] if i < len(rollout)]
-                decision = _join(policy, spec, prof, group, pinned,
-                                 len([i for i in exact[k].pinning[n] if i >= len(rollout)]) if pinned is not None else 0)
+                    new = len([i for i in exact[k].pinning[n] if i >= len(rollout)])
+                decision = _join(policy, spec, prof, group, pinned, new)
             if decision is None:
                 return None
             made.clear()
