@@ -8,12 +8,18 @@ COPY pyproject.toml README.md ./
 COPY rollmux/ rollmux/
 COPY coordinator/ coordinator/
 COPY sidecar/ sidecar/
+COPY shim/ shim/
 COPY sync_plugin/ sync_plugin/
 COPY adapters/ adapters/
 COPY k8s/ k8s/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
+LABEL org.opencontainers.image.title="rollmux" \
+      org.opencontainers.image.description="RollMux coordinator, node sidecar and Kubernetes scheduler" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/rollmux/rollmux"
 # nvml: the sidecar reads GPU facts and per-process GPU memory through NVML (the driver library comes
 # from the NVIDIA container toolkit at run time). torch is an extra and is not installed.
 COPY --from=build /wheels/ /wheels/

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from rollmux.coordinator.profiler import state_bytes_per_node
+from rollmux.coordinator.policy.profiler import state_bytes_per_node
 from rollmux.coordinator.sim.workload import PROFILES, SIZES
 from rollmux.core.model import JobSpec
 

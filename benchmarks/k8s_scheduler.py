@@ -1,5 +1,5 @@
 """The RollMux scheduler against a real kube-apiserver: gang latency and placements per second with
-100 and 1,000 jobs pending.
+100 and 1,000 jobs pending, among `--nodes` more Node objects that default-scheduler pods run on.
 
 For each N: a real kube-apiserver 1.20.2 + etcd (scripts/build_kube.sh), a real gRPC coordinator and
 the scheduler. N *pending* jobs are created first: `--queued` of them (all N by default) ask for more
@@ -16,9 +16,23 @@ first pod created to its last gang bound. Between rounds the probes leave (remov
 pods deleted). Printed beside: the coordinator's admission call for a probe (RegisterJob with N jobs
 queued), as the scheduler timed it.
 
-    python benchmarks/k8s_scheduler.py [--jobs 100,1000] [--queued N] [--pairs 2] [--rounds 10] [--check]
+Every Node object counts: the scheduler's informer lists and watches all of them (paged), and fits
+each gang against allocatable minus every bound pod of any scheduler, so the `--nodes` Node objects
+(each with a default-scheduler pod bound on it, as kube-scheduler would bind it) are what a real cluster
+shared with other workloads costs it.
 
---check exits non-zero unless the p99 gang latency at the largest N is <= 1 s.
+    python benchmarks/k8s_scheduler.py [--jobs 100,1000] [--queued N] [--nodes 2000] [--pairs 5]
+                                       [--rounds 5] [--check]
+
+--check exits non-zero unless, at the largest N, the p99 gang latency is <= 1 s and the median round
+places >= TARGET_GANGS_PER_S gangs per second.
+
+Beside the result: kube-scheduler's own density benchmark schedules about 1,000 pods/s (single pods,
+no gang, no admission call), and Volcano is documented at "up to 1000 pods per second" (Huawei Cloud
+CCE's Volcano scheduler page). A RollMux gang is one job of a few pods that runs for hours, admitted by
+the coordinator's policy (one RegisterJob round trip, tens of ms at 1,000 queued jobs): the target is
+TARGET_GANGS_PER_S gangs/s, which places a burst of 1,000 arriving jobs in under two minutes, far
+below the minutes such jobs take to start (image pull, model load).
 """
 
 from __future__ import annotations
@@ -45,6 +59,9 @@ from rollmux.wire.client import CoordinatorClient, NodeSession  # noqa: E402
 from tests.k8s.builders import node_obj, pod_obj  # noqa: E402
 
 TARGET_P99_S = 1.0
+TARGET_GANGS_PER_S = 10.0
+KUBE_SCHEDULER_PODS_PER_S = 1000  # kube-scheduler's density benchmark (single pods), as its project reports it
+VOLCANO_PODS_PER_S = 1000  # "schedules up to 1000 pods per second" (Huawei Cloud CCE, Volcano scheduler)
 NS = "bench"
 CONFIG = ServiceConfig(heartbeat_interval_s=5.0, reap_interval_s=0.05)
 PROBE_ANN = {"rollmux.io/gang-size": "2", "rollmux.io/slo": "1.0", "rollmux.io/t-roll-s": "10",
@@ -72,7 +89,22 @@ class BoundWatch(threading.Thread):
                     self.bound_at.setdefault(obj["metadata"]["name"], time.perf_counter())
 
 
-def run_size(n: int, queued: int | None, pairs: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def crowd(kube: KubeClient, nodes: int) -> None:
+    """`nodes` Node objects outside the fleet, each with a default-scheduler pod bound on it."""
+    kube.create("/api/v1/namespaces", {"metadata": {"name": "crowd"}})
+    for i in range(nodes):
+        obj = node_obj(f"cpu-{i}", "none", gpus=0)
+        obj["metadata"]["labels"] = {"kubernetes.io/hostname": f"cpu-{i}"}
+        kube.create("/api/v1/nodes", obj)
+        pod = pod_obj(f"web-{i}", None, gpus=0, ns="crowd", scheduler="default-scheduler",
+                      requests={"cpu": "2", "memory": "4Gi"})
+        kube.create("/api/v1/namespaces/crowd/pods", pod)
+        kube.create(f"/api/v1/namespaces/crowd/pods/web-{i}/binding",
+                    {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": f"web-{i}"},
+                     "target": {"apiVersion": "v1", "kind": "Node", "name": f"cpu-{i}"}})
+
+
+def run_size(n: int, queued: int | None, pairs: int, rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
     plane = control_plane.ControlPlane(workdir / f"kube-{n}").start()
     kube = plane.client()
     srv = ThreadedServer(ServerOptions(config=CONFIG, http=None))
@@ -81,6 +113,9 @@ def run_size(n: int, queued: int | None, pairs: int, rounds: int, workdir: Path)
     sessions = []
     try:
         kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        t_crowd = time.perf_counter()
+        crowd(kube, nodes)
+        crowd_s = time.perf_counter() - t_crowd
         for i in range(pairs):
             for name, pool in ((f"r{i}", Pool.ROLLOUT), (f"t{i}", Pool.TRAIN)):
                 kube.create("/api/v1/nodes", node_obj(name, pool.value))
@@ -136,10 +171,10 @@ def run_size(n: int, queued: int | None, pairs: int, rounds: int, workdir: Path)
                 last = max(last, t_bound)
             rates.append(pairs / (last - t_first))
             for job in created:  # the probes leave
-                client.remove_job(job)
+                client.remove_job(f"{NS}.{job}")  # its name at the coordinator: <namespace>.<job>
                 for pool in ("rollout", "train"):
                     kube.delete(f"/api/v1/namespaces/{NS}/pods/{job}-{pool}", gracePeriodSeconds=0)
-            while any(j.job.startswith(f"p{r}-") for j in client.cluster_state().jobs):
+            while any(j.job.startswith(f"{NS}.p{r}-") for j in client.cluster_state().jobs):
                 time.sleep(0.05)
         stop.set()
         scheduler.stop()
@@ -148,7 +183,8 @@ def run_size(n: int, queued: int | None, pairs: int, rounds: int, workdir: Path)
         mean_admit = total / count if count else 0.0  # the probes' admissions, N jobs queued
         return {"n": n, "p50": statistics.median(latencies), "p99": quantile(latencies, 0.99),
                 "max": max(latencies), "rate": statistics.median(rates), "admit_ms": 1e3 * mean_admit,
-                "gangs": len(latencies), "queued": queued, "fill_s": fill_s}
+                "gangs": len(latencies), "queued": queued, "fill_s": fill_s, "nodes": nodes + 2 * pairs,
+                "crowd_s": crowd_s}
     finally:
         for s in sessions:
             s.stop()
@@ -162,9 +198,13 @@ def main() -> int:
     ap.add_argument("--jobs", default="100,1000", help="waiting jobs, comma-separated")
     ap.add_argument("--queued", type=int, default=None,
                     help="of the pending jobs, how many wait in the coordinator's admission queue (default: all)")
-    ap.add_argument("--pairs", type=int, default=2, help="rollout + training node pairs: probe gangs per round")
-    ap.add_argument("--rounds", type=int, default=10, help="rounds of probe gangs per size")
-    ap.add_argument("--check", action="store_true", help=f"exit 1 unless p99 <= {TARGET_P99_S:g} s at the largest N")
+    ap.add_argument("--nodes", type=int, default=2000,
+                    help="Node objects outside the fleet, each with a default-scheduler pod bound on it")
+    ap.add_argument("--pairs", type=int, default=5, help="rollout + training node pairs: probe gangs per round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of probe gangs per size")
+    ap.add_argument("--check", action="store_true",
+                    help=f"exit 1 unless p99 <= {TARGET_P99_S:g} s and >= {TARGET_GANGS_PER_S:g} gangs/s at the "
+                         "largest N")
     args = ap.parse_args()
     why = control_plane.missing()
     if why:
@@ -174,22 +214,33 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
-            rows.append(run_size(n, args.queued, args.pairs, args.rounds, Path(tmp)))
+            rows.append(run_size(n, args.queued, args.pairs, args.rounds, args.nodes, Path(tmp)))
             print(f"[k8s_scheduler] {rows[-1]}", flush=True)
     print(f"\nRollMux scheduler on kube-apiserver {control_plane.KUBE_VERSION}: probe gangs of 2 pods, "
           f"{args.pairs} per round, {args.rounds} rounds; the pending jobs queued at the coordinator (any "
-          "others incomplete gangs); fill s: until the last queued job reached the coordinator's queue")
-    print(f"{'jobs pending':>12} {'queued':>7} {'fill s':>7} {'gangs':>6} {'p50 s':>8} {'p99 s':>8} {'max s':>8} "
-          f"{'gangs/s':>8} {'coordinator admit ms':>21}")
+          "others incomplete gangs); fill s: until the last queued job reached the coordinator's queue; "
+          f"{args.nodes} more Node objects, each with a default-scheduler pod")
+    print(f"{'jobs pending':>12} {'nodes':>6} {'queued':>7} {'fill s':>7} {'gangs':>6} {'p50 s':>8} {'p99 s':>8} "
+          f"{'max s':>8} {'gangs/s':>8} {'pods/s':>7} {'coordinator admit ms':>21}")
     for r in rows:
-        print(f"{r['n']:>12} {r['queued']:>7} {r['fill_s']:>7.1f} {r['gangs']:>6} {r['p50']:>8.3f} {r['p99']:>8.3f} "
-              f"{r['max']:>8.3f} {r['rate']:>8.1f} {r['admit_ms']:>21.1f}")
+        print(f"{r['n']:>12} {r['nodes']:>6} {r['queued']:>7} {r['fill_s']:>7.1f} {r['gangs']:>6} {r['p50']:>8.3f} "
+              f"{r['p99']:>8.3f} {r['max']:>8.3f} {r['rate']:>8.1f} {2 * r['rate']:>7.1f} {r['admit_ms']:>21.1f}")
+    last = rows[-1]
+    print(f"beside: kube-scheduler ~{KUBE_SCHEDULER_PODS_PER_S} pods/s (single pods, its density benchmark), "
+          f"Volcano up to {VOLCANO_PODS_PER_S} pods/s (documented); RollMux {last['rate']:.1f} gangs/s "
+          f"= {2 * last['rate']:.1f} pods/s = {2 * last['rate'] / KUBE_SCHEDULER_PODS_PER_S:.3f}x kube-scheduler's "
+          f"pods/s, each gang admitted by the coordinator; target {TARGET_GANGS_PER_S:g} gangs/s")
     if args.check:
-        worst = rows[-1]["p99"]
-        if worst > TARGET_P99_S:
-            print(f"FAIL: p99 {worst:.3f} s > {TARGET_P99_S:g} s at {rows[-1]['n']} jobs", file=sys.stderr)
+        fails = []
+        if last["p99"] > TARGET_P99_S:
+            fails.append(f"p99 {last['p99']:.3f} s > {TARGET_P99_S:g} s")
+        if last["rate"] < TARGET_GANGS_PER_S:
+            fails.append(f"{last['rate']:.1f} gangs/s < {TARGET_GANGS_PER_S:g}")
+        if fails:
+            print(f"FAIL at {last['n']} jobs, {last['nodes']} nodes: {'; '.join(fails)}", file=sys.stderr)
             return 1
-        print(f"ok: p99 {worst:.3f} s <= {TARGET_P99_S:g} s at {rows[-1]['n']} jobs")
+        print(f"ok: p99 {last['p99']:.3f} s <= {TARGET_P99_S:g} s and {last['rate']:.1f} gangs/s >= "
+              f"{TARGET_GANGS_PER_S:g} at {last['n']} jobs, {last['nodes']} nodes")
     return 0
 
 

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-arrival", action="store_true",
                     help=f"with --check: also arrival placement alone mean <= {TARGET_ARRIVAL_MEAN}x")
     args = ap.parse_args(argv)
-    service = ServiceConfig(deployment_modes=not args.no_modes)
+    service = ServiceConfig(policy=PolicyConfig.live(modes=not args.no_modes))
     config = replace(live_policy_config(service, max_group_size=args.max_group_size), fill_saturated=not args.algorithm1)
     print(f"policy config (live coordinator's): {config}")
     print(f"{'instance':>8} {'opt $/h':>9} {'opt, no margin':>14} {'one-by-one':>10} {'arrival':>8} {'live':>8} {'moves':>5} {'downtime $':>10} "

@@ -23,7 +23,7 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
-from rollmux.coordinator.profiler import resolve
+from rollmux.coordinator.policy.profiler import resolve
 from rollmux.coordinator.sim.api import TraceJob
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.core.model import GB, ClusterSpec, JobSpec

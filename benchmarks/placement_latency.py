@@ -32,9 +32,9 @@ from _policy_jobs import mixed_jobs  # noqa: E402
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy  # noqa: E402
 from rollmux.coordinator.policy.admission import place_pending  # noqa: E402
+from rollmux.coordinator.policy.flags import add_mechanism_flags, mechanisms_on  # noqa: E402
 from rollmux.coordinator.policy.optimum import optimal_partition  # noqa: E402
 from rollmux.coordinator.policy.regroup import apply_moves, place_arrival, place_batch  # noqa: E402
-from rollmux.coordinator.policy_flags import add_mechanism_flags, mechanisms_on  # noqa: E402
 
 PAPER_MS = {5: 5.6, 9: 6.5, 13: 7.6, 100: 41.9, 500: 198, 1000: 318, 2000: 591}
 PAPER_OPT_MS = {5: 113.0, 9: "> 1 min", 13: "> 5 h"}
@@ -98,7 +98,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit non-zero below target")
     args = ap.parse_args()
     # Every mechanism on, as `rollmux simulate` runs it (work-aware check, best of the three moves).
-    config = PolicyConfig(work_aware=True, best_move=True, **mechanisms_on(args))
+    config = PolicyConfig.simulator(**mechanisms_on(args))
     print(f"policy: modes={config.modes} regroup={config.regroup} work_aware={config.work_aware} best_move={config.best_move}")
     ns = [int(x) for x in args.jobs.split(",")]
     rows = {}

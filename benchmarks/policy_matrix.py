@@ -4,9 +4,9 @@ For each generated trace (workload, SLO spec, seed) it replays RollMux, Solo-D, 
 and Gavel+ on the same per-iteration draws and prints, per row, the total $ of each baseline
 over RollMux's, each policy's SLO attainment, and whether RollMux is at most the cheapest
 baseline that meets every SLO: every job within SLO x its planned T_solo and within SLO x its
-realised solo iteration, the two ways issue 14 counts attainment (the cheapest one meeting the
+realised solo iteration, the two ways attainment is counted (the cheapest one meeting the
 planned SLOs only is shown next to it). Then the headline trace (mixed,
-300 jobs, SLO U(1,2), seed 0) and the static 8-job gap to the offline optimum. Targets (issue 14):
+300 jobs, SLO U(1,2), seed 0) and the static 8-job gap to the offline optimum. Targets:
 
   - every row: RollMux total $ <= the cheapest baseline meeting every SLO (planned and realised);
   - every row: RollMux SLO attainment 100% vs plan and >= 99.5% vs the realised solo iteration;
@@ -45,12 +45,12 @@ from rollmux.coordinator.sim.workload import generate  # noqa: E402
 
 try:  # regrouping, where this version of the policy has it
     from rollmux.coordinator.policy.regroup import place_batch
-except ImportError:  # pragma: no cover - the policy before issue 14 had none
+except ImportError:  # pragma: no cover - an older policy has none
     place_batch = None
 
 try:  # the policy switches of `rollmux simulate`, where this version has them
     from rollmux.coordinator.sim.cli import add_policy_switches, policy_config_from
-except ImportError:  # pragma: no cover - the policy before issue 14 had none
+except ImportError:  # pragma: no cover - an older policy has none
     add_policy_switches = None
     policy_config_from = None
 
@@ -85,7 +85,7 @@ class Row:
     def cheapest_slo_baseline(self, realised: bool = True) -> str:
         """The cheapest baseline meeting every job's SLO (Solo-D always does).
 
-        Issue 14 counts a job over SLO x its realised solo iteration as an SLO miss, so a baseline
+        A job over SLO x its realised solo iteration counts as an SLO miss, so a baseline
         "meets every SLO" when every job meets it against the planned T_solo and against its
         realised solo iteration. `realised=False`: against the planned T_solo only (shown too).
         """

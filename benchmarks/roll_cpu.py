@@ -31,7 +31,7 @@ Figures, each a ratio from this one run:
   Beside it: the same with offload/reload left in, the median offload/reload per step of each job
   (reported separately), the spread of the pair values (quartiles, min and max), a distribution-free
   interval of their median (order statistics, coverage >= 90 %), and the ratio of the two jobs' step
-  time less offload/reload (the stricter figure Runs 2-3 of docs/roll.md printed). Rule: step 0 of
+  time less offload/reload (the stricter figure). Rule: step 0 of
   both jobs is left out (the first step warms caches and loads every cluster for the first time);
   every later pair is kept. Also printed: the opted-in driver's time in permit calls (the adapter's
   own round trips) and the driver's time outside ROLL's phase spans and offload/reload, unset vs

@@ -1,7 +1,7 @@
 """Offload and reload bandwidth of the warm-start state cache beside a plain copy of the same bytes.
 
 The state is ``--gb`` GB split into ``--tensors`` tensors of varied sizes and mixed dtypes (float32,
-bfloat16, int64), registered with a :class:`rollmux.sidecar.state_cache.StateCache`. The baseline is
+bfloat16, int64), registered with a :class:`rollmux.shim.state_cache.StateCache`. The baseline is
 one ``copy_`` of a flat tensor of the same size into a preallocated buffer (pinned on a GPU machine),
 measured in the same run. Each figure is the best of ``--repeats`` runs.
 
@@ -46,7 +46,7 @@ from collections.abc import Callable
 
 import torch
 
-from rollmux.sidecar.state_cache import StateCache, StateCacheConfig
+from rollmux.shim.state_cache import StateCache, StateCacheConfig
 
 TARGET = 0.9
 
@@ -137,7 +137,7 @@ def _nvml_bytes() -> int | None:
     """This process's GPU memory as NVML reports it (None without NVML)."""
     from rollmux.sidecar.gpu import detect
 
-    provider = detect("unknown", 1)
+    provider = detect("H100", 1, gpu_type_given=True)  # any catalog key: only the per-process figure is read
     used = provider.process_memory([os.getpid()])
     return None if used is None else used[os.getpid()]
 
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from rollmux.sidecar.state_cache import canonical_device
+    from rollmux.shim.state_cache import canonical_device
 
     device = canonical_device(args.device)
     pinned = device.type == "cuda"

@@ -159,7 +159,7 @@ def state_cache_times(model_dir: Path, repeats: int) -> tuple[float, float, int]
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rollmux.sidecar.state_cache import StateCache
+    from rollmux.shim.state_cache import StateCache
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

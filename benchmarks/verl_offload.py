@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl.utils import fsdp_utils
     from verl.utils.device import get_device_name
 
-    from rollmux.sidecar.state_cache import StateCache
+    from rollmux.shim.state_cache import StateCache
 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:

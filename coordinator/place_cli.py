@@ -28,10 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-gpu", default="H20", help="GPU type of the rollout pool")
     parser.add_argument("--train-gpu", default="H800", help="GPU type of the training pool")
     parser.add_argument("--node-dram-tb", type=float, default=2.0, help="host DRAM per node, TB")
-    from rollmux.coordinator.policies import ONLINE_POLICIES
+    from rollmux.coordinator.policy.registry import ONLINE_POLICIES
 
     parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
-                        help="placement policy by name, as in `rollmux coordinator` and `rollmux sim` [default: rollmux]")
+                        help="placement policy by name, as in `rollmux coordinator` and `rollmux simulate` [default: rollmux]")
     parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
     parser.add_argument("--json", type=Path, default=None, help="also write the decisions and groups as JSON here")
     parser.add_argument("--quiet", action="store_true", help="print only the summary table")

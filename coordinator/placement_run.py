@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollmux.coordinator.policies import create_policy
 from rollmux.coordinator.policy import ClusterState, PlacementDecision, PolicyConfig
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
+from rollmux.coordinator.policy.profiler import resolve
+from rollmux.coordinator.policy.registry import create_policy
 from rollmux.coordinator.policy.regroup import Move, place_batch
-from rollmux.coordinator.profiler import resolve
 from rollmux.core.model import ClusterSpec, JobSpec
 
 
@@ -38,7 +38,7 @@ BUILTIN_MIX: tuple[JobSpec, ...] = (
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementRun:
     decisions: tuple[PlacementDecision, ...]
-    moves: tuple[Move, ...]  # relocations regrouping made after the placements (docs/policy.md)
+    moves: tuple[Move, ...]  # relocations regrouping made after the placements (docs/design/policy.md)
     groups: tuple[dict[str, Any], ...]  # one summary per group (ids, jobs, nodes, cost, T_cycle, T_load)
     usd_per_h: float  # total cost of all groups
     solo_usd_per_h: float  # dedicated pools: each job on its own N_R + N_T GPUs

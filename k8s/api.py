@@ -9,7 +9,8 @@ Pod metadata a job's pods carry (documented once, here; docs/how-to/kubernetes-s
 =============================  =====  ======================================================================
 name                           kind   meaning
 =============================  =====  ======================================================================
-``rollmux.io/job``             label  the job's name at the coordinator (the same on every pod of the gang)
+``rollmux.io/job``             label  the job's name in its namespace (the same on every pod of the gang); at
+                                      the coordinator it is ``<namespace>.<job>``
 ``rollmux.io/pool``            label  ``rollout`` or ``train``: the pool this pod runs in (label or
                                       nodeSelector); pods without it are split between the pools
                                       by the GPU counts below, in name order
@@ -52,12 +53,30 @@ T_TRAIN_S = PREFIX + "t-train-s"
 MODEL_PARAMS_B = PREFIX + "model-params-b"
 MAX_TOKENS = PREFIX + "max-tokens"
 DEPLOYMENT = PREFIX + "deployment"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""The pod label naming its ``scheduling.x-k8s.io/v1alpha1`` PodGroup (coscheduling, KubeRay's batch-scheduler)."""
 CONDITION_TYPE = "PodScheduled"
 """The pod condition the scheduler explains itself in (as kube-scheduler does)."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
+"""The default GPU resource name (``nvidia.com/gpu.shared`` where time-slicing sets ``renameByDefault``)."""
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 """GPU feature discovery's label: time-slicing replicas per physical GPU (a node hosts at most as many jobs)."""
+PODS = "pods"
+"""The node resource counting pods (every pod takes one)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Conventions:
+    """The cluster's names for GPUs and pools (chart values; the same for every pod and node)."""
+
+    gpu_resource: str = GPU_RESOURCE  # the extended resource a pod's GPUs are requested as
+    pool_label: str = POOL_LABEL  # the node label (and a pod's nodeSelector key) naming its pool
+    replicas_label: str = REPLICAS_LABEL  # time-slicing replicas per physical GPU on a node
+
+    def qualified(self, namespace: str, job: str) -> str:
+        """A job's name at the coordinator: ``<namespace>.<job>`` (a namespace has no dot, so it never clashes)."""
+        return f"{namespace}.{job}"
 
 
 class Code(str, Enum):
@@ -69,6 +88,10 @@ class Code(str, Enum):
     QUEUED = "queued"  # the coordinator holds the job in its admission queue
     UNSCHEDULABLE = "unschedulable"  # placed, but a node fails what kube-scheduler would check
     COORDINATOR = "coordinator-unavailable"  # the coordinator cannot be reached now: retried
+    MISMATCH = "registration-mismatch"  # the job's registration was made for another shape of gang
+    GATED = "gated"  # a pod carries scheduling gates (e.g. Kueue holds it): not looked at until lifted
+    BIND_FAILED = "bind-failed"  # the API server refused a Binding: retried until whole or the gang timeout
+    TIMEOUT = "gang-timeout"  # not whole within the gang timeout: its bound pods are evicted
 
 
 class SchedulerError(RollMuxError):
@@ -92,6 +115,29 @@ class Taint:
     key: str
     value: str = ""
     effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    port: int
+    protocol: str = "TCP"
+    ip: str = ""  # "" or 0.0.0.0: every address
+
+    def conflicts(self, other: HostPort) -> bool:
+        """kubelet's rule: the same port and protocol on the same address, or either on every address."""
+        wild = ("", "0.0.0.0")
+        return (self.port == other.port and self.protocol == other.protocol
+                and (self.ip in wild or other.ip in wild or self.ip == other.ip))
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One node selector requirement (``matchExpressions``, or ``matchFields`` on metadata.name)."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+    field: bool = False  # a matchFields requirement
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +164,14 @@ class PodView:
     annotations: tuple[tuple[str, str], ...] = ()
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
-    gpus: int = 0  # nvidia.com/gpu requested (an integer extended resource)
+    gpus: int = 0  # the GPU resource requested (an integer extended resource)
+    requests: tuple[tuple[str, int], ...] = ()  # resource -> milli-units (pod overhead included; "pods" not)
+    host_ports: tuple[HostPort, ...] = ()
+    affinity: tuple[tuple[Requirement, ...], ...] = ()  # required node affinity: any term, each all of
+    priority: int = 0  # spec.priority
+    created: str = ""  # metadata.creationTimestamp (RFC 3339: sorts as time)
+    gates: tuple[str, ...] = ()  # spec.schedulingGates names
+    pool: Pool | None = None  # the pool the pod asks for (label, else nodeSelector); None: the scheduler splits
     owner: Owner | None = None
 
     @property
@@ -135,13 +188,13 @@ class PodView:
 
     @property
     def job(self) -> str:
-        return self.label_map.get(JOB_LABEL, "")
+        """The job's name in its namespace: the rollmux.io/job label, else its PodGroup's name."""
+        labels = self.label_map
+        return labels.get(JOB_LABEL) or labels.get(POD_GROUP_LABEL, "")
 
     @property
-    def pool(self) -> Pool | None:
-        """The pool the pod asks for (label, else nodeSelector); None: the scheduler splits."""
-        raw = self.label_map.get(POOL_LABEL) or dict(self.node_selector).get(POOL_LABEL)
-        return Pool(raw) if raw in (Pool.ROLLOUT.value, Pool.TRAIN.value) else None
+    def request_map(self) -> dict[str, int]:
+        return dict(self.requests)
 
     @property
     def terminal(self) -> bool:
@@ -157,32 +210,34 @@ class NodeView:
     ready: bool = False  # condition Ready is True
     unschedulable: bool = False  # cordoned
     taints: tuple[Taint, ...] = ()
-    allocatable_gpus: int = 0  # status.allocatable nvidia.com/gpu (GPUs x time-slicing replicas)
+    allocatable: tuple[tuple[str, int], ...] = ()  # resource -> milli-units (status.allocatable)
+    allocatable_gpus: int = 0  # the GPU resource allocatable (GPUs x time-slicing replicas)
     allocatable_pods: int = 110
+    replicas: int = 1  # time-slicing replicas per GPU (1 without time-slicing)
+    pool: Pool | None = None  # the pool its pool label names
 
     @property
-    def replicas(self) -> int:
-        """Time-slicing replicas per GPU (1 without time-slicing)."""
-        raw = dict(self.labels).get(REPLICAS_LABEL, "1")
-        return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    def allocatable_map(self) -> dict[str, int]:
+        return dict(self.allocatable)
 
     @property
     def physical_gpus(self) -> int:
         return self.allocatable_gpus // self.replicas
-
-    @property
-    def pool(self) -> Pool | None:
-        raw = dict(self.labels).get(POOL_LABEL)
-        return Pool(raw) if raw in (Pool.ROLLOUT.value, Pool.TRAIN.value) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeUsage:
     """What pods already bound (by any scheduler) take of one node."""
 
-    gpus: int = 0  # nvidia.com/gpu requested by its non-terminal pods
+    gpus: int = 0  # the GPU resource requested by its non-terminal pods
     pods: int = 0
-    jobs: frozenset[str] = frozenset()  # rollmux jobs with a pod on it
+    jobs: frozenset[str] = frozenset()  # rollmux jobs (qualified names) with a pod on it
+    requests: tuple[tuple[str, int], ...] = ()  # resource -> milli-units its pods request
+    ports: tuple[HostPort, ...] = ()  # host ports its pods hold
+
+    @property
+    def request_map(self) -> dict[str, int]:
+        return dict(self.requests)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,8 +246,13 @@ class Gang:
 
     namespace: str
     job: str  # the rollmux.io/job label
-    pods: tuple[PodView, ...]  # pending, sorted by name
-    size: int  # pods the gang needs (annotation or owner)
+    pods: tuple[PodView, ...]  # pending (and bound siblings), sorted by name
+    size: int  # pods the gang needs (PodGroup minMember, annotation or owner)
+    name: str = ""  # the job's name at the coordinator (`Conventions.qualified`); "" means `job`
+
+    @property
+    def qualified(self) -> str:
+        return self.name or self.job
 
     @property
     def complete(self) -> bool:

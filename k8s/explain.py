@@ -1,8 +1,10 @@
 """The scheduler explains itself on the pods: a core/v1 Event and the PodScheduled condition.
 
-As kube-scheduler 1.20 does: success is a ``Normal``/``Scheduled`` event and ``PodScheduled=True``;
-waiting is a ``Warning``/``FailedScheduling`` event and ``PodScheduled=False`` (reason
-``Unschedulable``) whose message says why. A pod is told only when its message changes, and the
+As kube-scheduler does: success is a ``Normal``/``Scheduled`` event and ``PodScheduled=True``;
+waiting is a ``Warning``/``FailedScheduling`` event and ``PodScheduled=False`` whose message says why.
+The condition's reason is ``Unschedulable`` only where a node is short of something (what a cluster
+autoscaler reads as a reason to add nodes); a pod that waits for its gang, the coordinator's queue or
+a scheduling gate gets another reason (`WAITING`, ``SchedulingGated``), so no node is added for it. A pod is told only when its message changes, and the
 writes run on a background thread so that they never delay a binding.
 """
 
@@ -40,11 +42,16 @@ def event_body(pod: PodView, *, reason: str, message: str, warning: bool, compon
     }
 
 
-def condition_patch(*, placed: bool, message: str) -> dict:
+UNSCHEDULABLE = "Unschedulable"
+WAITING = "WaitingForGang"
+GATED = "SchedulingGated"
+
+
+def condition_patch(*, placed: bool, message: str, reason: str = UNSCHEDULABLE) -> dict:
     cond = {"type": CONDITION_TYPE, "status": "True" if placed else "False", "message": message[:MAX_MESSAGE],
             "lastTransitionTime": _now()}
     if not placed:
-        cond["reason"] = "Unschedulable"
+        cond["reason"] = reason
     return {"status": {"conditions": [cond]}}
 
 
@@ -54,16 +61,17 @@ class Explainer:
     def __init__(self, kube: KubeClient, component: str) -> None:
         self.kube, self.component = kube, component
         self._told: dict[str, str] = {}  # pod uid -> the last message it got
-        self._queue: queue.Queue[tuple[PodView, bool, str] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[PodView, bool, str, str] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="explainer", daemon=True)
         self._thread.start()
 
-    def tell(self, pod: PodView, *, placed: bool, message: str) -> bool:
-        """Queue an event and a condition for `pod` unless it already got this message; True if queued."""
+    def tell(self, pod: PodView, *, placed: bool, message: str, reason: str = UNSCHEDULABLE) -> bool:
+        """Queue an event and a condition (`reason` when not placed) for `pod` unless it already got this
+        message; True if queued."""
         if self._told.get(pod.uid) == message:
             return False
         self._told[pod.uid] = message
-        self._queue.put((pod, placed, message))
+        self._queue.put((pod, placed, message, reason))
         return True
 
     def forget(self, live_uids: set[str]) -> None:
@@ -86,13 +94,13 @@ class Explainer:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            pod, placed, message = item
+            pod, placed, message, reason = item
             base = f"/api/v1/namespaces/{pod.namespace}"
             try:
                 self.kube.create(f"{base}/events", event_body(
                     pod, reason="Scheduled" if placed else "FailedScheduling", message=message,
                     warning=not placed, component=self.component))
-                self.kube.patch(f"{base}/pods/{pod.name}/status", condition_patch(placed=placed, message=message),
-                                kind="strategic")
+                self.kube.patch(f"{base}/pods/{pod.name}/status",
+                                condition_patch(placed=placed, message=message, reason=reason), kind="strategic")
             except KubeError as exc:  # the pod may be gone meanwhile: nothing to explain to
                 log.info("could not explain to pod %s: %s", pod.key, exc)

@@ -1,7 +1,10 @@
 """Gang grouping: pending pods of one job wait together until the whole gang is pending.
 
-Pure. The gang's size comes from the ``rollmux.io/gang-size`` annotation or, without one, from the
-pods' controller (the edge looks the owner up and passes its size in through `owner_size`).
+Pure. The gang's size comes from the ``rollmux.io/gang-size`` annotation, else from the pods'
+``scheduling.x-k8s.io/v1alpha1`` PodGroup (``minMember``; the ``scheduling.x-k8s.io/pod-group`` label
+names it, as coscheduling and KubeRay's batch-scheduler set it), else from the pods' controller (the
+edge looks the group or owner up and passes its size in through `owner_size`). A pod without a
+``rollmux.io/job`` label takes its PodGroup's name as the job's.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from rollmux.k8s.api import GANG_SIZE, JOB_LABEL, Code, Gang, Owner, PodView, SchedulerError
+from rollmux.k8s.api import GANG_SIZE, JOB_LABEL, POD_GROUP_LABEL, Code, Gang, Owner, PodView, SchedulerError
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 MAX_NAME_LEN = 128
@@ -25,7 +28,7 @@ def check_job_name(pod: PodView) -> str:
     Raises:
         SchedulerError: BAD_INPUT, no rollmux.io/job label or a name the coordinator would refuse.
     """
-    name = pod.job
+    name = pod.job or pod.label_map.get(POD_GROUP_LABEL, "")
     if not name:
         raise SchedulerError(Code.BAD_INPUT, f"pod {pod.key} has no {JOB_LABEL} label: label every pod of the job "
                                              "with the job's name")
@@ -62,6 +65,12 @@ def gang_size(pods: list[PodView], owner_size: OwnerSize) -> int:
             raise SchedulerError(Code.BAD_INPUT, f"{GANG_SIZE}={text!r} on job {pods[0].job!r}: expected a whole "
                                                  "number >= 1")
         return int(text)
+    groups = {p.label_map.get(POD_GROUP_LABEL) for p in pods} - {None}
+    if len(groups) > 1:
+        raise SchedulerError(Code.BAD_INPUT, f"pods of job {pods[0].job!r} name different PodGroups: {sorted(groups)}")
+    if groups:
+        return owner_size(pods[0].namespace, Owner(kind="PodGroup", name=str(groups.pop()),
+                                                   api_version="scheduling.x-k8s.io/v1alpha1"))
     owners = {p.owner for p in pods}
     if len(owners) != 1 or None in owners:
         raise SchedulerError(Code.BAD_INPUT, f"pods of job {pods[0].job!r} have no single controller to size the "
@@ -71,11 +80,17 @@ def gang_size(pods: list[PodView], owner_size: OwnerSize) -> int:
     return owner_size(pods[0].namespace, owner)
 
 
-def build_gang(namespace: str, job: str, pods: list[PodView], owner_size: OwnerSize) -> Gang:
-    """One job's pending pods as a gang (sorted by name, so assignment is deterministic).
+def build_gang(namespace: str, job: str, pods: list[PodView], owner_size: OwnerSize, name: str = "") -> Gang:
+    """One job's pending pods as a gang (sorted by name, so assignment is deterministic); `name`: the
+    job's name at the coordinator.
 
     Raises:
         SchedulerError: BAD_INPUT, see `gang_size`.
     """
     ordered = tuple(sorted(pods, key=lambda p: p.name))
-    return Gang(namespace=namespace, job=job, pods=ordered, size=gang_size(list(ordered), owner_size))
+    return Gang(namespace=namespace, job=job, pods=ordered, size=gang_size(list(ordered), owner_size), name=name)
+
+
+def order_key(pods: list[PodView]) -> tuple[int, str]:
+    """Gangs go by priority (highest first), then age (oldest first), as kube-scheduler's queue sorts pods."""
+    return (-max((p.priority for p in pods), default=0), min((p.created for p in pods), default=""))

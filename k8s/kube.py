@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import ssl
 import threading
 import urllib.parse
@@ -40,6 +41,7 @@ class GoneError(KubeError):
 class KubeConfig:
     server: str  # https://host:port
     token: str = ""
+    token_file: str = ""  # read again when it changes (bound service-account tokens rotate); wins over token
     ca_file: str = ""  # "" with insecure=False: the system's CAs
     insecure: bool = False  # skip TLS verification (a loopback test server's self-signed pair)
 
@@ -61,14 +63,26 @@ class KubeClient:
             self._ctx.verify_mode = ssl.CERT_NONE
         self._timeout_s = timeout_s
         self._local = threading.local()
+        self._token, self._token_stamp = config.token, (0, 0)
+        self._token_lock = threading.Lock()
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
-        import os
-
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-        return cls(KubeConfig(server=f"https://{host}:{port}", token=(SA_DIR / "token").read_text().strip(),
+        return cls(KubeConfig(server=f"https://{host}:{port}", token_file=str(SA_DIR / "token"),
                               ca_file=str(SA_DIR / "ca.crt")))
+
+    def token(self) -> str:
+        """The bearer token: the token file's content, read again whenever the file changes."""
+        if not self.config.token_file:
+            return self._token
+        st = os.stat(self.config.token_file)
+        stamp = (st.st_mtime_ns, st.st_ino)
+        with self._token_lock:
+            if stamp != self._token_stamp:
+                self._token = Path(self.config.token_file).read_text().strip()
+                self._token_stamp = stamp
+            return self._token
 
     # ------------------------------------------------------------------------------ plumbing
     def _conn(self, timeout_s: float | None = None) -> http.client.HTTPSConnection:
@@ -77,8 +91,9 @@ class KubeClient:
 
     def _headers(self, content_type: str = "application/json") -> dict[str, str]:
         h = {"Accept": "application/json", "Content-Type": content_type}
-        if self.config.token:
-            h["Authorization"] = f"Bearer {self.config.token}"
+        token = self.token()
+        if token:
+            h["Authorization"] = f"Bearer {token}"
         return h
 
     def request(self, method: str, path: str, body: Any = None, *, params: Mapping[str, Any] | None = None,
@@ -129,9 +144,10 @@ class KubeClient:
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params=params or None)
 
-    def watch(self, path: str, resource_version: str, *, timeout_s: int = 300,
+    def watch(self, path: str, resource_version: str, *, timeout_s: int = 300, bookmarks: bool = False,
               **params: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(type, object) from a watch until the server ends it; BOOKMARKs are skipped.
+        """(type, object) from a watch until the server ends it; BOOKMARKs (only a resourceVersion) are
+        yielded when `bookmarks`, else skipped.
 
         Raises:
             GoneError: the resourceVersion expired (in the stream's ERROR event or the answer).
@@ -153,7 +169,7 @@ class KubeClient:
                 if kind == "ERROR":
                     code = int(obj.get("code", 0))
                     raise (GoneError if code == 410 else KubeError)(code, obj.get("message", ""))
-                if kind != "BOOKMARK":
+                if kind != "BOOKMARK" or bookmarks:
                     yield kind, obj
         except (OSError, http.client.HTTPException) as exc:
             raise KubeError(0, f"watch {path}: {exc}") from None

@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""A cycle or one coordinator call: milliseconds to seconds."""
+GANG_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+"""A gang's wait for its binding: sub-second when placed at once, minutes to an hour when a bind is retried."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerMetrics:
     registry: CollectorRegistry
     gangs: Counter  # rollmux_scheduler_gang_decisions_total{outcome}: bound, or why it waits
-    bindings: Counter  # rollmux_scheduler_bindings_total{outcome}: ok | conflict (the pod changed meanwhile)
+    bindings: Counter  # rollmux_scheduler_bindings_total{outcome}: ok | conflict (the pod changed meanwhile) | error
+    leader: Gauge  # rollmux_scheduler_leader: 1 while this replica may bind
     gang_latency: Histogram  # rollmux_scheduler_gang_bind_seconds: gang complete -> every pod bound
     pending_gangs: Gauge  # rollmux_scheduler_pending_gangs: gangs with a pending pod after the last cycle
     cycle_seconds: Histogram  # rollmux_scheduler_cycle_seconds: one scheduling cycle
@@ -31,9 +35,11 @@ class SchedulerMetrics:
             gangs=Counter("rollmux_scheduler_gang_decisions", "Gang decisions by outcome", ["outcome"],
                           registry=reg),
             bindings=Counter("rollmux_scheduler_bindings", "Pod bindings by outcome", ["outcome"], registry=reg),
+            leader=Gauge("rollmux_scheduler_leader", "1 while this replica holds the Lease (or runs alone)",
+                         registry=reg),
             gang_latency=Histogram("rollmux_scheduler_gang_bind_seconds",
                                    "From a gang's last pod pending to all its pods bound",
-                                   buckets=LATENCY_BUCKETS_S, registry=reg),
+                                   buckets=GANG_BUCKETS_S, registry=reg),
             pending_gangs=Gauge("rollmux_scheduler_pending_gangs", "Gangs with a pending pod", registry=reg),
             cycle_seconds=Histogram("rollmux_scheduler_cycle_seconds", "One scheduling cycle",
                                     buckets=LATENCY_BUCKETS_S, registry=reg),

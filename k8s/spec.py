@@ -104,7 +104,7 @@ def gang_spec(gang: Gang, node_pools: Mapping[str, Pool | None] | None = None) -
     """
     ann = _annotations(gang)
     if not any(pod.gpus for pod in gang.pods):
-        raise SchedulerError(Code.BAD_INPUT, f"no pod of job {gang.job!r} requests nvidia.com/gpu: a RollMux job "
+        raise SchedulerError(Code.BAD_INPUT, f"no pod of job {gang.job!r} requests GPUs: a RollMux job "
                                              "runs on GPUs of its pools")
     n_rollout, n_train = _gpu_count(ann, ROLLOUT_GPUS), _gpu_count(ann, TRAIN_GPUS)
     colocated = _COLOCATED.get(ann.get(DEPLOYMENT, ""))
@@ -130,7 +130,7 @@ def gang_spec(gang: Gang, node_pools: Mapping[str, Pool | None] | None = None) -
                 raise SchedulerError(Code.BAD_INPUT, f"{key}={ann[key]!r} on job {gang.job!r} does not parse as "
                                                      f"{field_name}") from None
     try:
-        spec = JobSpec(name=gang.job, n_rollout_gpus=sums[Pool.ROLLOUT], n_train_gpus=sums[Pool.TRAIN], **values)
+        spec = JobSpec(name=gang.qualified, n_rollout_gpus=sums[Pool.ROLLOUT], n_train_gpus=sums[Pool.TRAIN], **values)
     except SpecError as exc:
         raise SchedulerError(Code.BAD_INPUT, f"job {gang.job!r}: {exc}") from None
     defaults = tuple(name for name, _ in _FIELDS.values() if name not in values and name != "deployment")

@@ -1,8 +1,8 @@
 """RollMux: phase-level multiplexing of synchronous RL post-training jobs.
 
 The in-process API (`rollmux.register`, `rollmux.init`, `rollmux.phase`, `rollmux.runtime_hook`,
-`rollmux.register_state`) lives in `rollmux.sidecar.shim`, relocation (`rollmux.relocation`,
-`rollmux.relocate`) in `rollmux.sidecar.relocate`; both are imported on first use, so
+`rollmux.register_state`) lives in `rollmux.shim.api`, relocation (`rollmux.relocation`,
+`rollmux.relocate`) in `rollmux.shim.relocate`; both are imported on first use, so
 `import rollmux` stays cheap and never imports torch.
 """
 
@@ -18,11 +18,11 @@ _RELOCATE_API = ("relocation", "relocate")
 
 def __getattr__(name: str) -> Any:
     if name in _SHIM_API:
-        from rollmux.sidecar import shim
+        from rollmux.shim import api as shim
 
         return getattr(shim, name)
     if name in _RELOCATE_API:
-        from rollmux.sidecar import relocate
+        from rollmux.shim import relocate
 
         return getattr(relocate, name)
     raise AttributeError(f"module 'rollmux' has no attribute {name!r}")

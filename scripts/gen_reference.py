@@ -5,9 +5,10 @@ Everything is discovered, not listed: the CLI by walking the parser of the conso
 pyproject.toml declares; environment variables from every module named ``env`` in the packages
 pyproject.toml ships; metrics from every ``metrics`` module that builds a Prometheus registry; Helm
 values from ``charts/rollmux/values.schema.json`` and the ``# --`` comments of ``values.yaml``; the wire
-protocol from every ``.proto`` file; errors from every class rooted at ``RollMuxError`` (and an error-code
+protocol from every ``.proto`` file; errors from every class rooted at ``RollMuxError`` outside the test-only packages (and an error-code
 enum, any str enum whose name ends in ``Code``, when one exists); adapters from the ``Patcher`` each adapter
-package builds. A new module of one of those kinds shows up without touching this script.
+package builds; compatibility from the package metadata, the adapters' guards, the chart and the setup
+scripts' pins. A new module of one of those kinds shows up without touching this script.
 
 Usage (from the repository root; tests/test_docs.py fails when the checked-in pages differ):
 
@@ -228,6 +229,10 @@ def _registries(module: Any) -> Iterator[Any]:
     for attr, value in sorted(vars(module).items()):
         if isinstance(value, CollectorRegistry):
             yield value
+        elif isinstance(value, type) and value.__module__ == module.__name__ and callable(getattr(value, "create", None)):
+            built = value.create()  # a metrics bundle (e.g. the scheduler's): its registry
+            if isinstance(getattr(built, "registry", None), CollectorRegistry):
+                yield built.registry
         elif callable(value) and getattr(value, "__module__", None) == module.__name__ and not attr.startswith("_") \
                 and not isinstance(value, type):
             params = inspect.signature(value).parameters.values()
@@ -267,9 +272,10 @@ def _metric_rows(registry: Any) -> list[tuple[str, ...]]:
 
 def metrics_page() -> str:
     out = ["# Prometheus metrics\n",
-           "Served at `/metrics` on the coordinator's `--http` address (chart: port `http`). Names use the "
-           "`rollmux_` prefix and base units; counters end in `_total`. Every known label value is exported "
-           "from the start, at 0.\n"]
+           "Every metric of every process, one section per registry. The coordinator serves its metrics at "
+           "`/metrics` on its `--http` address (chart: port `http`); the Kubernetes scheduler on "
+           "`--metrics-port` (chart: `scheduler.metricsPort`, port `metrics`). Names use the `rollmux_` prefix "
+           "and base units; counters end in `_total`. Every known label value is exported from the start, at 0.\n"]
     for name, path in modules():
         if path.stem != "metrics" or "prometheus_client" not in path.read_text():
             continue
@@ -362,11 +368,14 @@ def _proto_section(path: Path) -> str:
             if s.startswith("//"):
                 comment.append(s[2:].strip())
             elif m := re.match(r"rpc\s+(\w+)\s*\(([^)]*)\)\s*returns\s*\(([^)]*)\)", s):
+                if not comment:
+                    raise SystemExit(f"{path.relative_to(ROOT)}: rpc {m.group(1)} has no // comment above it "
+                                     "saying what it does (the wire reference prints it)")
                 rows.append((f"`{m.group(1)}`", f"`{m.group(2)}`", f"`{m.group(3)}`", _one_line(" ".join(comment))))
                 comment = []
             elif not s:
                 comment = []
-        out += [f"### service `{service}`\n", _table(("rpc", "request", "response", "note"), rows)]
+        out += [f"### service `{service}`\n", _table(("rpc", "request", "response", "what it does"), rows)]
     for enum, body in re.findall(r"^enum\s+(\w+)\s*\{(.*?)^\}", text, re.M | re.S):
         values = re.findall(r"^\s*(\w+)\s*=\s*(\d+);", body, re.M)
         out.append(f"*enum `{enum}`*: " + ", ".join(f"`{n}` = {v}" for n, v in values) + "\n")
@@ -387,8 +396,14 @@ def _base_names(node: ast.ClassDef) -> list[str]:
     return [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
 
 
+TEST_ONLY = ("rollmux.testing",)
+"""Packages that serve the tests only: their exceptions are not part of the product's error reference."""
+
+
 def _classes() -> Iterator[tuple[str, Path, ast.ClassDef]]:
     for name, path in modules():
+        if any(name == t or name.startswith(t + ".") for t in TEST_ONLY):
+            continue
         for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ClassDef):
                 yield name, path, node
@@ -413,6 +428,12 @@ def errors_page() -> str:
     while grew:  # every class whose bases reach RollMuxError, by name
         new = {n.name for _, _, n in classes if set(_base_names(n)) & errors}
         grew, errors = not new <= errors, errors | new
+    seen: dict[str, str] = {}
+    for module, _, n in classes:
+        if n.name in errors and not n.name.startswith("_"):
+            if n.name in seen:
+                raise SystemExit(f"two exceptions are named {n.name} ({seen[n.name]}, {module}): give each its own name")
+            seen[n.name] = module
     codes = {n.name: _code_of(n) for _, _, n in classes if n.name in errors}
     parents = {n.name: _base_names(n) for _, _, n in classes if n.name in errors}
 
@@ -511,6 +532,73 @@ def adapters_page() -> str:
     return "\n".join(out)
 
 
+# -------------------------------------------------------------------------------- compatibility
+def _pin(path: str, pattern: str) -> str:
+    """The first group of `pattern` in the file at `path` (a setup script's pin); fails loudly when gone."""
+    m = re.search(pattern, (ROOT / path).read_text(), re.M)
+    if m is None:
+        raise SystemExit(f"{path}: no match for {pattern!r}: update compatibility_page() in {Path(__file__).name}")
+    return m.group(1)
+
+
+def compatibility_page() -> str:
+    """Declared ranges (what the package and the guards accept) beside what the tests here pin and run."""
+    from rollmux.adapters import roll
+    from rollmux.adapters.verl import targets
+    from rollmux.core.model import DEFAULT_GPUS
+
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    torch_range = next(d for d in extras["torch"] if d.startswith("torch"))
+    nvml = next(d for d in extras["nvml"])
+    ray = _pin("scripts/setup_roll.sh", r"ray\[default\]==([0-9.]+)")
+    rows = [
+        ("Python", f"`{project['requires-python']}`",
+         f"`{_pin('Dockerfile', r'^FROM python:([0-9.]+)')}` (the image; the test machine's `python3`)",
+         "`pyproject.toml`, `Dockerfile`"),
+        ("torch", f"`{torch_range}` (a GPU image keeps its CUDA build)",
+         f"`{_pin('scripts/setup.sh', r'torch==([0-9.]+)')}`, CPU build", "`scripts/setup.sh`"),
+        ("veRL", f"`{targets.SUPPORTED}` (checked before patching)",
+         f"`{_pin('scripts/setup_verl.sh', r'verl==([0-9.]+)')}` on CPU", "`scripts/setup_verl.sh`"),
+        ("ROLL", f"`{roll.SUPPORTED_VERSIONS}` at commit " + ", ".join(f"`{c}`" for c in roll.SUPPORTED_COMMITS),
+         "the same, on CPU", "`scripts/setup_roll.sh`"),
+        ("Ray", "what the job's framework brings",
+         f"`{ray}` with ROLL; veRL's own dependency otherwise",
+         "`scripts/setup_roll.sh`"),
+        ("vLLM", "what the job's framework brings", "not run: no GPU here; the sleep-mode path runs against a "
+         "stand-in engine", "-"),
+        ("Kubernetes (chart)", f"`{chart['kubeVersion']}`",
+         f"`{_pin('scripts/build_kube.sh', r'^KUBE_VERSION=([0-9.]+)')}` live (kube-apiserver, etcd, "
+         "kube-controller-manager); " + ", ".join(f"`{v}`" for v in _k8s_schema_versions()) + " schema validation",
+         "`scripts/build_kube.sh`, `tests/charts/conftest.py`"),
+        ("Kubernetes (examples)", "scheduled and plain Job `podFailurePolicy`: 1.26+; DRA example: 1.34+",
+         "schema validation only", "`charts/rollmux/examples/`"),
+        ("KubeRay", f"`{_pin('charts/rollmux/examples/verl-grpo-rayjob.yaml', r'Needs KubeRay ([0-9.]+) or newer')}`"
+         " or newer (RayJob example)", "not run: the RayJob is checked as the scheduler reads it", "-"),
+        ("Helm", f"chart `apiVersion: {chart['apiVersion']}` (Helm 3 or newer)",
+         f"`{_pin('scripts/setup_chart.sh', r'^HELM_VERSION=([0-9.]+)')}`", "`scripts/setup_chart.sh`"),
+        ("Redis", f"a Redis server (the coordinator's durable store); client `{next(d for d in project['dependencies'] if d.startswith('redis'))}`",
+         "the distribution's `redis-server`", "`scripts/setup.sh`"),
+        ("NVML", f"`rollmux[nvml]` (`{nvml}`): without it a sidecar skips the GPU memory check", "not run: no GPU here",
+         "`pyproject.toml`"),
+        ("GPUs", "any NVIDIA GPU NVML reports; priced by the catalog: " + ", ".join(g.name for g in DEFAULT_GPUS),
+         "none: no GPU run is recorded; the GPU paths have CPU twins", "`rollmux/core/model.py`"),
+    ]
+    return "\n".join(["# Compatibility\n",
+                      "What RollMux declares it supports beside what its tests pin and run. Everything here is read "
+                      "from the package metadata, the adapters' version guards, the chart and the setup scripts.\n",
+                      _table(("component", "supported", "tested", "pinned in"), rows)])
+
+
+def _k8s_schema_versions() -> list[str]:
+    text = (ROOT / "tests" / "charts" / "conftest.py").read_text()
+    m = re.search(r"^K8S_VERSIONS\s*=\s*\(([^)]*)\)", text, re.M)
+    if m is None:
+        raise SystemExit("tests/charts/conftest.py: K8S_VERSIONS not found: update _k8s_schema_versions()")
+    return re.findall(r'"([0-9.]+)"', m.group(1))
+
+
 # ------------------------------------------------------------------------------------------ main
 PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "cli.md": ("every `rollmux` command and flag", cli_page),
@@ -520,6 +608,8 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "wire.md": ("gRPC services of the coordinator and the sidecar", wire_page),
     "errors.md": ("error codes and exceptions", errors_page),
     "adapters.md": ("supported versions, deployment modes, adapter patch points", adapters_page),
+    "compatibility.md": ("supported and tested versions: Python, torch, veRL, ROLL, Ray, Kubernetes, Helm, GPUs",
+                         compatibility_page),
 }
 
 

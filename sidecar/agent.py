@@ -39,25 +39,19 @@ from rollmux.core.model import JobSpec, Lease, Migration, NodeEvent, Relocation,
 from rollmux.sidecar.agent_permits import PermitRelay
 from rollmux.sidecar.agent_records import AgentConfig, LocalJob
 from rollmux.sidecar.agent_relocations import HeldRelocations
-from rollmux.sidecar.api import (
-    Connection,
-    ConnectionState,
-    PlacementMismatchError,
-    RankLease,
-    RankLeaseError,
-    RankState,
-    SidecarUnreachableError,
-)
+from rollmux.sidecar.api import Connection, ConnectionState, RankLease, RankState
 from rollmux.sidecar.gpu import GpuProvider, host_dram_bytes
 from rollmux.wire.client import CoordinatorClient, JobClient, NodeSession
 from rollmux.wire.errors import (
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
+    PlacementMismatchError,
+    RankLeaseError,
     ServiceError,
+    SidecarUnreachableError,
     UnauthenticatedError,
 )
-from rollmux.wire.errors import PlacementMismatchError as WirePlacementMismatchError
 
 log = logging.getLogger("rollmux.sidecar")
 
@@ -235,6 +229,8 @@ class NodeAgent(PermitRelay):
                 raise RankLeaseError(f"job {job_name!r} is not registered at the coordinator, or the token is "
                                      f"not its token: register it first (rollmux.register) and pass the token "
                                      f"it returned ({exc})") from None
+            except PlacementMismatchError:
+                raise  # the rank's error too (a RankLeaseError): it names both node sets
             except ServiceError as exc:
                 if exc.code is ErrorCode.NOT_READY:
                     raise SidecarUnreachableError(
@@ -264,9 +260,9 @@ class NodeAgent(PermitRelay):
         """
         try:
             placed, attach = self.coordinator.report_attach(self.config.node_id, job_name, token=self.node_token)
-        except WirePlacementMismatchError as exc:
+        except PlacementMismatchError as exc:
             self._record("attach_refused", job=job_name, reason=str(exc))
-            raise PlacementMismatchError(str(exc)) from None
+            raise
         self._record("job_attached", job=job_name, placement=list(placed), attach_nodes=list(attach))
 
     def rank_gone(self, rank_id: str, *, clean: bool, job_done: bool = False, conn: str = "") -> None:

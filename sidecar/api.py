@@ -1,4 +1,7 @@
-"""Execution-plane contracts: errors, the two sidecar state machines, and the records they guard.
+"""The node sidecar's contracts: its two state machines and the records they guard.
+
+Its errors are the sidecar protocol's (``rollmux.wire.errors``, beside the coordinator's); the one
+declared here, :class:`SidecarTransitionError`, never leaves the daemon.
 
 Two lifecycles, each a str enum with one transition table (every edge commented with its event)
 and one ``transition()`` that refuses illegal edges and records (from, to, time, reason):
@@ -17,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rollmux.core import lifecycle
-from rollmux.core.errors import ErrorCode, RollMuxError
-from rollmux.core.model import PHASE_ORDER
+from rollmux.core.errors import ErrorCode
+from rollmux.wire.errors import SidecarError
 
 S = TypeVar("S", bound=enum.Enum)
 HISTORY_LIMIT = 16
@@ -27,97 +30,20 @@ HISTORY_LIMIT = 16
 # ------------------------------------------------------------------------------------------ errors
 
 
-class SidecarError(RollMuxError):
-    """Base class of every error the sidecar and the shim raise on purpose."""
-
-    code = ErrorCode.FAILED_PRECONDITION
-
-
-class ShimConfigError(SidecarError, ValueError):
-    """The shim is opted in but its configuration is incomplete (missing job name or token)."""
-
-    code = ErrorCode.INVALID_ARGUMENT
-
-
-class SidecarUnreachableError(SidecarError, ConnectionError):
-    """Opted in, but the node sidecar (or the coordinator behind it) cannot be reached."""
-
-    code = ErrorCode.SIDECAR_UNREACHABLE
-
-
-class RankLeaseError(SidecarError):
-    """A rank call the sidecar refuses: unknown rank id, stale epoch, or a call out of turn."""
-
-    code = ErrorCode.RANK_LEASE
-
-
-class PlacementMismatchError(RankLeaseError):
-    """The job's rank attaches on a node outside the job's placement (I4); names both node sets."""
-
-    code = ErrorCode.PLACEMENT_MISMATCH
-
-
-class IllegalTransitionError(SidecarError, lifecycle.IllegalTransitionError):
+class SidecarTransitionError(SidecarError, lifecycle.IllegalTransitionError):
     """A state change the lifecycle's transition table does not allow."""
 
     code = ErrorCode.RANK_LEASE
-
-
-class JobAbortedError(SidecarError):
-    """The job lost a rank (or its lease) while this rank waited; stop the job."""
-
-    code = ErrorCode.JOB_ABORTED
-
-
-class PermitWaitTimeoutError(SidecarError, TimeoutError):
-    """A permit was not granted within the wait limit; the message names what it waited for."""
-
-    code = ErrorCode.PERMIT_TIMEOUT
-
-
-class LeaseLostError(SidecarError):
-    """The permit of the running phase was revoked (expired, job removed): the shim stopped the phase.
-
-    Its results are fenced (the coordinator refuses the stale epoch): do not commit them; ask for
-    the phase again, or end the job.
-    """
-
-    code = ErrorCode.STALE_EPOCH
-
-    def __init__(self, message: str = "the permit of this phase was revoked; the phase was stopped: do not "
-                                      "commit its results, acquire the phase again") -> None:
-        super().__init__(message)
 
 
 def _transition(record: Any, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
     """Move ``record.state`` to `new` through `table` (see `rollmux.core.lifecycle.transition`).
 
     Raises:
-        IllegalTransitionError: the edge is not in the table; the record is unchanged.
+        SidecarTransitionError: the edge is not in the table; the record is unchanged.
     """
-    lifecycle.transition(record, table, new, now=now, reason=reason, error=IllegalTransitionError,
+    lifecycle.transition(record, table, new, now=now, reason=reason, error=SidecarTransitionError,
                          history_limit=HISTORY_LIMIT)
-
-
-# ------------------------------------------------------------------------------------------ phases
-
-COLOCATED_POOL = {"colocated-train": "train", "colocated-rollout": "rollout"}
-"""The one pool every phase of a co-located job runs on (``rollmux.core.model.Deployment`` values)."""
-
-
-def phase_pool(phase: str, deployment: str | None = None) -> str:
-    """The pool whose node a phase's permit holds. Disaggregated (the default): rollout runs on the
-    rollout pool, train and sync on the training pool (sync is part of T_train in the policy). A
-    co-located job runs every phase on one pool: "colocated-train" on training nodes,
-    "colocated-rollout" on rollout nodes (``rollmux.core.model.Deployment``)."""
-    if phase not in PHASE_ORDER:
-        raise ValueError(f"phase={phase!r} is not a RollMux phase: expected one of {', '.join(PHASE_ORDER)}")
-    if deployment in (None, "", "disaggregated"):
-        return "rollout" if phase == "rollout" else "train"
-    if deployment in COLOCATED_POOL:
-        return COLOCATED_POOL[deployment]
-    raise ValueError(f"deployment={deployment!r} is not a RollMux deployment mode: expected disaggregated, "
-                     f"{' or '.join(COLOCATED_POOL)}")
 
 
 # ------------------------------------------------------------------------------ connection states
@@ -220,7 +146,7 @@ class RankLease:
         return f"rank lease {self.rank_id}"
 
     def move(self, new: RankState, reason: str) -> None:
-        """Transition through :data:`RANK_TRANSITIONS` (raises ``IllegalTransitionError``)."""
+        """Transition through :data:`RANK_TRANSITIONS` (raises ``SidecarTransitionError``)."""
         _transition(self, RANK_TRANSITIONS, new, now=time.time(), reason=reason)
 
     @property

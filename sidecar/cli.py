@@ -31,8 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"Unix socket for local ranks (default {DEFAULT_SOCKET_DIR}/{SOCKET_NAME}, or a temp "
                              "dir when that is not writable)")
     parser.add_argument("--gpu-type", default=None,
-                        help="GPU catalog key to register when NVML is unavailable (default: the pool's default, "
-                             "H20 for rollout, H800 for train)")
+                        help="GPU catalog key to register (default: the catalog key of NVML's device name; "
+                             "without NVML the pool's default, H20 for rollout, H800 for train)")
     parser.add_argument("--gpu-count", type=int, default=1, help="GPU count to register when NVML is unavailable")
     parser.add_argument("--no-nvml", action="store_true", help="do not use NVML even if present")
     from rollmux.sidecar import env
@@ -70,6 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]:
     """The default socket path and, when it had to fall back to a temp dir, a message saying why."""
     from rollmux.sidecar import env
+    from rollmux.wire import env as coord_env
 
     wanted = socket_dir or os.environ.get(env.SOCKET_DIR) or DEFAULT_SOCKET_DIR
     try:
@@ -82,7 +83,7 @@ def default_socket_path(socket_dir: str | None = None) -> tuple[str, str | None]
     os.makedirs(fallback, mode=0o700, exist_ok=True)
     return (os.path.join(fallback, SOCKET_NAME),
             f"rollmux sidecar: {wanted} is not writable, serving on {fallback}/{SOCKET_NAME} instead; point "
-            f"ranks at it with {env.SIDECAR_SOCKET}={fallback}/{SOCKET_NAME} (or run as a user who can write "
+            f"ranks at it with {coord_env.SIDECAR_SOCKET}={fallback}/{SOCKET_NAME} (or run as a user who can write "
             f"{wanted}, or pass --socket)")
 
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rollmux.core.model import ClusterSpec, Pool
     from rollmux.sidecar.agent import AgentConfig, NodeAgent
-    from rollmux.sidecar.gpu import detect
+    from rollmux.sidecar.gpu import UnknownGpuError, detect
     from rollmux.sidecar.peercred import PeerPolicy, resolve_group
     from rollmux.sidecar.server import serve
     from rollmux.wire import auth
@@ -121,7 +122,12 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pool = Pool(args.pool)
     gpu_type = args.gpu_type or ClusterSpec().gpu_for(pool).name
-    gpu = detect(gpu_type, args.gpu_count, use_nvml=not args.no_nvml, memory_standin_dir=args.gpu_memory_standin)
+    try:
+        gpu = detect(gpu_type, args.gpu_count, use_nvml=not args.no_nvml, memory_standin_dir=args.gpu_memory_standin,
+                     gpu_type_given=args.gpu_type is not None)
+    except UnknownGpuError as exc:
+        print(f"rollmux sidecar: {exc}", file=sys.stderr)
+        return 2
     config = AgentConfig(node_id=args.node_id, pool=pool, gpu_mem_limit_bytes=args.gpu_mem_limit_mib << 20,
                          memory_wait_s=args.memory_wait_s, heartbeat_s=args.heartbeat_s, event_log=args.event_log)
     try:
@@ -176,7 +182,7 @@ def _wait_connected(agent: Any, args: argparse.Namespace, done: threading.Event)
 
 
 def _announce(args: argparse.Namespace, path: str, gpu: Any) -> None:
-    from rollmux.sidecar import env
+    from rollmux.wire import env as coord_env
 
     if args.ready_file:
         tmp = args.ready_file + ".tmp"
@@ -185,4 +191,4 @@ def _announce(args: argparse.Namespace, path: str, gpu: Any) -> None:
         os.replace(tmp, args.ready_file)
     print(f"rollmux sidecar: node {args.node_id} ({args.pool}, {gpu.facts().gpu_type} x{gpu.facts().gpu_count}, "
           f"nvml={'yes' if gpu.available else 'no'}) serving ranks on {path}; ranks opt in with "
-          f"{env.SIDECAR_SOCKET}={path}", file=sys.stderr, flush=True)
+          f"{coord_env.SIDECAR_SOCKET}={path}", file=sys.stderr, flush=True)

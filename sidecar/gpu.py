@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rollmux.core.errors import ErrorCode, RollMuxError
 from rollmux.core.model import GpuCatalog
 
 log = logging.getLogger("rollmux.sidecar")
@@ -38,6 +39,12 @@ DEFAULT_PROCESS_LIMIT_BYTES = 2 * CUDA_CONTEXT_BYTES
 """Per-process GPU memory a job's rank may keep after its phase: two CUDA contexts (1 GiB). Twice the
 context leaves room for the allocator's retained small blocks and a second cuBLAS handle, and is still far
 below any real state (a 0.5B-parameter model's bf16 weights are 1 GB; a KV cache is gigabytes)."""
+
+
+class UnknownGpuError(RollMuxError, ValueError):
+    """NVML names a GPU that is not in the catalog and no ``--gpu-type`` says which entry to register."""
+
+    code = ErrorCode.INVALID_ARGUMENT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +150,15 @@ def write_standin_bytes(directory: str | os.PathLike[str], pid: int, nbytes: int
 
 
 class NvmlProvider:
-    """NVML-backed facts (``nvidia-ml-py``): GPU name, count, memory; per-process used memory."""
+    """NVML-backed facts (``nvidia-ml-py``): GPU name, count, memory; per-process used memory.
+
+    The registered type is ``gpu_type_override`` when given (the operator's ``--gpu-type``), else the
+    catalog key NVML's device name maps to.
+
+    Raises:
+        UnknownGpuError: no override and the device name maps to no catalog key (the coordinator would
+            refuse the node's registration; the operator must say which catalog entry fits).
+    """
 
     available = True
 
@@ -154,7 +169,12 @@ class NvmlProvider:
         name = pynvml.nvmlDeviceGetName(self._handles[0]) if self._handles else "unknown"
         name = name.decode() if isinstance(name, bytes) else str(name)
         self._name = name
-        self._type = gpu_type_override or catalog_key(name) or name.replace(" ", "-")
+        key = gpu_type_override or catalog_key(name)
+        if key is None:
+            known = ", ".join(sorted(GpuCatalog.default().gpus))
+            raise UnknownGpuError(f"NVML reports a {name!r}, which is not in the GPU catalog ({known}): pass "
+                                  "--gpu-type with the catalog key whose figures fit this GPU")
+        self._type = key
 
     def facts(self) -> GpuFacts:
         nv = self._nvml
@@ -204,15 +224,19 @@ def catalog_key(nvml_name: str) -> str | None:
 
 
 def detect(gpu_type: str, gpu_count: int, *, use_nvml: bool = True,
-           memory_standin_dir: str | None = None) -> GpuProvider:
+           memory_standin_dir: str | None = None, gpu_type_given: bool = False) -> GpuProvider:
     """NVML when it initialises and sees a GPU, else :class:`NoGpuProvider` with the given stand-ins.
 
     Args:
-        gpu_type: catalog key to register when NVML is not used.
+        gpu_type: catalog key to register when NVML is not used, or always when ``gpu_type_given``.
+        gpu_type_given: the operator named ``gpu_type`` (``--gpu-type``): it wins over NVML's device name.
         gpu_count: GPU count to register when NVML is not used.
         use_nvml: False skips NVML.
         memory_standin_dir: read per-process memory from this directory instead of NVML
             (:class:`StandInMemoryProvider`, for machines without a GPU); None: NVML.
+
+    Raises:
+        UnknownGpuError: NVML works, names a GPU outside the catalog, and ``gpu_type_given`` is False.
     """
     if memory_standin_dir:
         return StandInMemoryProvider(memory_standin_dir, gpu_type, gpu_count)
@@ -226,7 +250,9 @@ def detect(gpu_type: str, gpu_count: int, *, use_nvml: bool = True,
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() < 1:
             return NoGpuProvider(gpu_type, gpu_count, "NVML sees no GPU")
-        return NvmlProvider(pynvml)
+        return NvmlProvider(pynvml, gpu_type if gpu_type_given else None)
+    except UnknownGpuError:
+        raise
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded / ...
         return NoGpuProvider(gpu_type, gpu_count, f"NVML unavailable: {exc}")
 

@@ -29,14 +29,16 @@ from rollmux.core.model import Phase
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
 from rollmux.sidecar.agent import NodeAgent
-from rollmux.sidecar.api import RankLeaseError, SidecarError, SidecarUnreachableError
 from rollmux.sidecar.peercred import Peer, PeerPolicy, SocketFront, private_socket_dir
 from rollmux.wire import convert
 from rollmux.wire.errors import (
-    STATUS_OF,
     InvalidArgumentError,
     NotReadyError,
+    RankLeaseError,
     ServiceError,
+    SidecarError,
+    SidecarUnreachableError,
+    grpc_status,
     trailing_metadata,
 )
 from rollmux.wire.names import MAX_NAME_LEN, check_name
@@ -64,7 +66,7 @@ def _code(exc: Exception) -> ErrorCode | None:
 def _abort(context: grpc.ServicerContext, code: ErrorCode, message: str) -> None:
     """End the call with `code`'s status and the code itself in the trailing metadata."""
     context.set_trailing_metadata(trailing_metadata(code))
-    context.abort(STATUS_OF[code], message)
+    context.abort(grpc_status(code), message)
 
 
 def _aborted(context: grpc.ServicerContext) -> bool:

@@ -1,10 +1,11 @@
 """The layers of DESIGN.md ("Layers") hold: nothing imports upward, and the parts do not import in a circle.
 
-Floors, from the ground up: the model (`rollmux.core.model`, `rollmux.core.errors`) -> the wire (protobuf stubs,
-the converter, the clients) -> the policy (pure) -> the coordinator service, the simulator, the sidecar
-and shim, the sync plugin (side by side: none imports another) -> the adapters -> the demo, the testing
-helpers (chaos harness) and the command line. Imports are read with `ast` from the folders
-`pyproject.toml` maps into the ``rollmux`` namespace, function-level imports included.
+Floors, from the ground up: the model (`rollmux.core.model`, `rollmux.core.errors`) with the pure policy on it
+(the policy imports the model, never the reverse, and never a protobuf message) -> the wire (protobuf stubs,
+the converter, the clients of both protocols) -> the coordinator service, the simulator, the node sidecar
+(daemon) and the in-trainer shim (library), the sync plugin (side by side: none imports another) -> the
+adapters -> the demo, the testing helpers (chaos harness) and the command line. Imports are read with `ast`
+from the folders `pyproject.toml` maps into the ``rollmux`` namespace, function-level imports included.
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (floor, the parts on it); a part is a module prefix, the longest matching prefix decides
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("model", ("rollmux.core",)),
+    ("model and policy", ("rollmux.core", "rollmux.coordinator.policy", "rollmux.coordinator.__init__")),
     ("wire", ("rollmux.proto", "rollmux.wire")),
-    ("policy", ("rollmux.coordinator.policy", "rollmux.coordinator.policies", "rollmux.coordinator.profiler",
-                "rollmux.coordinator.policy_flags",
-                "rollmux.coordinator.__init__")),
-    ("service, simulator, sidecar", ("rollmux.coordinator.service", "rollmux.coordinator.sim",
-                                     "rollmux.coordinator.place_cli", "rollmux.coordinator.placement_run",
-                                     "rollmux.sidecar", "rollmux.sync_plugin", "rollmux.__init__", "rollmux.k8s")),
+    ("service, simulator, sidecar, shim", ("rollmux.coordinator.service", "rollmux.coordinator.sim",
+                                           "rollmux.coordinator.place_cli", "rollmux.coordinator.placement_run",
+                                           "rollmux.sidecar", "rollmux.shim", "rollmux.sync_plugin",
+                                           "rollmux.__init__", "rollmux.k8s")),
     ("adapters", ("rollmux.adapters",)),
     ("demo, testing, command line", ("rollmux.demo", "rollmux.testing", "rollmux.cli", "rollmux.__main__")),
 )
+
+MODEL = ("rollmux.core",)
+"""The model: the policy stands on it beside, so the model imports nothing outside itself."""
 
 PARTS: dict[str, str] = {  # module prefix -> the part it belongs to (side-by-side parts never import each other)
     "rollmux.coordinator.sim": "simulator",
@@ -39,7 +41,8 @@ PARTS: dict[str, str] = {  # module prefix -> the part it belongs to (side-by-si
     "rollmux.coordinator.place_cli": "placement command",
     "rollmux.coordinator.placement_run": "placement command",
     "rollmux.sidecar": "sidecar",
-    "rollmux.__init__": "sidecar",  # the public API re-exports the shim's
+    "rollmux.shim": "shim",
+    "rollmux.__init__": "shim",  # the public API re-exports the shim's
     "rollmux.sync_plugin": "sync plugin",
     "rollmux.k8s": "kubernetes scheduler",
 }
@@ -223,7 +226,38 @@ def test_the_layering_check_finds_an_upward_import(tmp_path: Path) -> None:
     (imp,) = imports(mods)
     assert (imp.importer, imp.imported) == ("rollmux.wire.fake", "rollmux.sidecar.agent")
     assert (FLOORS[floor_of(imp.importer)][0], FLOORS[floor_of(imp.imported)][0]) == \
-        ("wire", "service, simulator, sidecar")
+        ("wire", "service, simulator, sidecar, shim")
+
+
+def test_the_model_imports_nothing_outside_itself() -> None:
+    outside = [f"{imp.path.relative_to(ROOT)} imports {imp.imported}: the model imports nothing outside itself"
+               for imp in imports(modules()) if _longest(imp.importer, list(MODEL))
+               and not _longest(imp.imported, list(MODEL))]
+    assert not outside, "\n".join(outside)
+
+
+def test_the_policy_importing_the_wire_is_reported(tmp_path: Path) -> None:
+    """The policy never sees a protobuf message: a policy module importing the wire or the stubs is an
+    upward import."""
+    mods = {"rollmux.coordinator.policy.fake": tmp_path / "fake.py", "rollmux.proto.rollmux_v1_pb2": tmp_path / "pb.py",
+            "rollmux.wire.convert": tmp_path / "convert.py"}
+    (tmp_path / "fake.py").write_text("from rollmux.proto import rollmux_v1_pb2\nfrom rollmux.wire import convert\n")
+    (tmp_path / "pb.py").write_text("")
+    (tmp_path / "convert.py").write_text("")
+    found = sorted((imp.imported, FLOORS[floor_of(imp.importer)][0], FLOORS[floor_of(imp.imported)][0])
+                   for imp in imports(mods) if floor_of(imp.imported) > floor_of(imp.importer))
+    assert found == [("rollmux.proto.rollmux_v1_pb2", "model and policy", "wire"),
+                     ("rollmux.wire.convert", "model and policy", "wire")]
+
+
+def test_the_shim_importing_the_sidecar_is_reported(tmp_path: Path) -> None:
+    """The shim runs in the trainer, the sidecar is the node's daemon: neither imports the other."""
+    mods = {"rollmux.shim.fake": tmp_path / "fake.py", "rollmux.sidecar.agent": tmp_path / "agent.py"}
+    (tmp_path / "fake.py").write_text("from rollmux.sidecar.agent import NodeAgent\n")
+    (tmp_path / "agent.py").write_text("")
+    (imp,) = imports(mods)
+    assert (part_of(imp.importer), part_of(imp.imported), floor_of(imp.importer) == floor_of(imp.imported)) == \
+        ("shim", "sidecar", True)
 
 
 def test_every_package_folder_ships_in_the_wheel() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PURE = ["rollmux/core", "coordinator/policy", "coordinator/profiler.py",
+PURE = ["rollmux/core", "coordinator/policy",
         "k8s/api.py", "k8s/objects.py", "k8s/gang.py", "k8s/spec.py", "k8s/nodefilter.py", "k8s/assign.py"]
 
 

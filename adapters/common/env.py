@@ -1,6 +1,6 @@
 """Environment variables of the framework adapters, each named once.
 
-The opt-in and the job's identity are the execution plane's (``rollmux.sidecar.env``:
+The opt-in and the job's identity are the execution plane's (``rollmux.shim.env``:
 ``ROLLMUX_SIDECAR_SOCKET``, ``ROLLMUX_JOB``, ``ROLLMUX_JOB_TOKEN``, ``ROLLMUX_DEPLOYMENT``); the ones below are the
 adapters' own. None of them carries a secret.
 """

@@ -202,7 +202,7 @@ def attach_here(role: str) -> NodeRank | None:
         SidecarUnreachableError, ShimConfigError: the node's sidecar refused or cannot be reached.
     """
     from rollmux.adapters.common.registration import job_token, opted_in
-    from rollmux.sidecar import env
+    from rollmux.shim import env
 
     job = os.environ.get(env.JOB, "")
     if not opted_in() or not job:
@@ -218,7 +218,8 @@ def attach_here(role: str) -> NodeRank | None:
 def _attach(job: str, token: str, role: str) -> NodeRank:
     import ray
 
-    from rollmux.sidecar import env, shim
+    from rollmux.shim import api as shim
+    from rollmux.shim import env
 
     rank_no = int(os.environ.get("RANK") or 0)
     # no shim phase log: the controller's rank logs the job's phase spans; a rank's go to the adapter log
@@ -240,7 +241,7 @@ def _follow(rank: NodeRank, after: int) -> None:
     """Carry out the board's commands in order until told to detach."""
     import ray
 
-    from rollmux.sidecar.api import LeaseLostError
+    from rollmux.wire.errors import LeaseLostError
 
     while True:
         try:

@@ -1,6 +1,6 @@
 """Opt-in, job registration through the node sidecar, and handing the job's identity to its Ray actors.
 
-The opt-in is one variable, ``ROLLMUX_SIDECAR_SOCKET`` (``rollmux.sidecar.env``); :func:`opted_in`
+The opt-in is one variable, ``ROLLMUX_SIDECAR_SOCKET`` (``rollmux.shim.env``); :func:`opted_in`
 reads it and imports nothing else, so an adapter module costs nothing when RollMux is off.
 
 Registration happens once, in the process that starts the job (veRL's driver), before any worker
@@ -31,7 +31,7 @@ from typing import Any
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
 from rollmux.core.model import MAX_PHASE_S
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 PROPAGATED = (env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET, adapter_env.SLO)
 """Non-secret variables copied from the driver into every Ray actor of the job (when set). Never
@@ -158,7 +158,7 @@ def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:
         return JobIdentity(job=os.environ.get(env.JOB) or spec.name, token=token, relayed=False,
                            deployment=os.environ.get(env.DEPLOYMENT) or (
                                "disaggregated" if spec.deployment is None else spec.deployment.value))
-    from rollmux.sidecar.registration import register as relay
+    from rollmux.shim.registration import register as relay
 
     reg = relay(spec, socket=socket_path(), timeout_s=timeout_s)
     fixed = None if spec.deployment is None else spec.deployment.value

@@ -1,8 +1,8 @@
 """Honouring a relocation directive by checkpoint, exit and restart: the framework-independent part.
 
-The coordinator may move a running job to another group (docs/coordinator.md, "Live relocation").
+The coordinator may move a running job to another group (docs/concepts/relocation-and-migration.md).
 A framework job's devices are held by its Ray workers on the nodes it started on, so an adapter moves
-it the way the framework resumes (docs/verl.md and docs/roll.md, "Relocation"): it saves the
+it the way the framework resumes (docs/how-to/run-verl.md and docs/how-to/run-roll.md, "Relocation"): it saves the
 framework's own checkpoint at the end of Sync(i) while the nodes are still the job's, acknowledges
 before Rollout(i+1) (:func:`acknowledge`), and once switched writes :data:`MARKER` (:func:`write_marker`)
 and leaves with :class:`JobRelocated`; the driver exits :data:`EXIT_RELOCATED`
@@ -10,7 +10,7 @@ and leaves with :class:`JobRelocated`; the driver exits :data:`EXIT_RELOCATED`
 operator-registered job with the same ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``; a self-registered one
 (the marker says ``relayed``) registers again through the new node's sidecar under the name in the
 marker (:func:`restart_name`, :func:`register`), and the coordinator answers the same job with a fresh
-token (docs/coordinator.md, "Re-attaching a self-registered job"). The adapter finds the marker
+token (docs/design/architecture.md, "Relocation in the service"). The adapter finds the marker
 (:func:`marker_for`) and resumes at Rollout(i+1).
 
 The framework adapters supply where the checkpoint is taken, where the marker lives, and how the
@@ -30,7 +30,7 @@ from rollmux.adapters.common import registration
 from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.core.errors import RollMuxError
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 log = logging.getLogger(__name__)
 

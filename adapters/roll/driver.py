@@ -37,7 +37,7 @@ from rollmux.adapters.roll import relocation
 from rollmux.adapters.roll.gate import Gates, start_gates
 from rollmux.adapters.roll.phases import SPAN_PHASES, STEP_SPAN, Action, PhaseTracker
 from rollmux.adapters.roll.spec import job_spec
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 log = logging.getLogger(__name__)
 _SESSION_ATTR = "_rollmux_session"

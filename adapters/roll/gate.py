@@ -26,7 +26,7 @@ from typing import Any
 from rollmux.adapters.common.ranks import RanksGate
 from rollmux.adapters.roll.phases import Action, Step
 from rollmux.core.model import PHASE_ORDER
-from rollmux.sidecar.api import phase_pool
+from rollmux.shim.pools import phase_pool
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class PoolGate:
 
     def __init__(self, *, socket: str | None, job: str, token: str, rank: int, permit_timeout_s: float | None,
                  deployment: str) -> None:
-        from rollmux.sidecar import shim
+        from rollmux.shim import api as shim
 
         self._shim, self._job = shim, job
         shim.init(socket=socket, job=job, job_token=token, rank=rank, permit_timeout_s=permit_timeout_s,
@@ -91,7 +91,7 @@ class PoolGate:
 
         Withheld while the rollout permit covers two or more nodes: the coordinator migrates such a
         rollout and frees the released nodes as it answers, and ROLL cannot move a rollout's requests
-        off them mid-step (docs/roll.md), so another job would be granted nodes on which this one still
+        off them mid-step (docs/how-to/run-roll.md), so another job would be granted nodes on which this one still
         generates. Its nodes come free at the rollout's end (recorded once per rollout as
         ``progress_withheld``), as the veRL adapter does."""
         if len(self._nodes) > 1:

@@ -1,7 +1,7 @@
 """Honouring a relocation directive in an unmodified ROLL RLVR or agentic job: ROLL's checkpoint, exit, restart, resume.
 
 A ROLL job's devices are held by its clusters' Ray workers on the nodes it started on, so the job
-moves the way ROLL resumes (docs/roll.md, "Relocation"; the shared part is
+moves the way ROLL resumes (docs/how-to/run-roll.md, "Relocation"; the shared part is
 :mod:`rollmux.adapters.common.relocation`). ROLL's step i ends with ``do_checkpoint(global_step=i)``
 inside Train(i); its step i+1 opens with ``model_update``, Sync(i); then Rollout(i+1):
 
@@ -186,7 +186,7 @@ def why_not(r: Relocator, pipeline: Any, step: int) -> str | None:
         return r.reason
     if not isinstance(pipeline, RLVRPipeline) and not _agentic(pipeline):
         return (f"{type(pipeline).__name__}: the adapter saves the rollout position of RLVRPipeline (ROLL's own "
-                "scheduler state) and AgenticPipeline only (docs/roll.md, Relocation)")
+                "scheduler state) and AgenticPipeline only (docs/how-to/run-roll.md, Relocation)")
     cfg = pipeline.pipeline_config
     given = getattr(cfg, "resume_from_checkpoint", False)
     if isinstance(given, str) and os.path.abspath(given) != os.path.abspath(_checkpoint(cfg, step)):

@@ -1,7 +1,7 @@
 """An ``AgenticPipeline``'s rollout position: saved with a relocation checkpoint, given back on the restart.
 
 ROLL checkpoints an agentic job's model side as RLVR's, but not its ``RolloutScheduler``s (read in ROLL
-8eb27cc2, docs/roll.md "Relocation"): a rebuilt scheduler numbers episodes from 0 again
+8eb27cc2, docs/how-to/run-roll.md "Relocation"): a rebuilt scheduler numbers episodes from 0 again
 (``GroupQueue.next_episode_id``, one queue per env group, in the ``GroupQueueManager`` actor) and draws a
 fresh rollout-loop seed (``random.randint`` in ``_get_batch_impl``, train mode); every env manager seeds
 its env with ``loop seed + group_seed + episode_id``. So for a relocation checkpoint the adapter saves,

@@ -20,7 +20,7 @@ loads the adapter because the driver passed the opt-in variable in the job's run
   and SGLang; at most every ``PROGRESS_INTERVAL_S`` between a rollout's first and last report); start
   and end only on the batch path (``generate_opt_level`` 0) and for agentic rollouts (trajectories are
   counted inside ``GroupQueueManager``, a Ray actor class the adapter does not wrap). The gate logs a
-  migration directive and does not follow it (docs/roll.md says why).
+  migration directive and does not follow it (docs/how-to/run-roll.md says why).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ NCCL when CUDA is available, else gloo; ``gloo`` on a GPU host stages through pi
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -249,8 +250,25 @@ def _gpu_identity() -> str | None:
     """This worker's GPU as ``<node>/<device uuid>`` (None without CUDA)."""
     if not torch.cuda.is_available():
         return None
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return f"{_node_ip()}/{getattr(props, 'uuid', torch.cuda.current_device())}"
+    index = torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return gpu_identity(_node_ip(), str(uuid) if uuid else None, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
+
+
+def gpu_identity(node: str, uuid: str | None, visible_devices: str | None, index: int) -> str | None:
+    """A GPU's node-wide name, ``<node>/<id>``; None when it cannot be told. Pure.
+
+    Ray gives each worker its GPUs through ``CUDA_VISIBLE_DEVICES``, so every worker's current device
+    is 0: the index alone names no GPU. The device UUID does; without one, the ``CUDA_VISIBLE_DEVICES``
+    entry the index points at (a physical index or a UUID); the index itself only when nothing
+    narrows what the process sees.
+    """
+    if uuid:
+        return f"{node}/{uuid}"
+    if visible_devices is None:
+        return f"{node}/{index}"
+    entries = [e.strip() for e in visible_devices.split(",") if e.strip()]
+    return f"{node}/{entries[index]}" if 0 <= index < len(entries) else None
 
 
 def _node_ip() -> str:

@@ -22,7 +22,7 @@ from rollmux.adapters.common import relocation as common_relocation
 from rollmux.adapters.common.registration import JobIdentity
 from rollmux.adapters.verl import memory, relocation, sync_backend
 from rollmux.adapters.verl import spec as verl_spec
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 log = logging.getLogger(__name__)
 

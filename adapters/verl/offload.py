@@ -18,7 +18,7 @@ from typing import Any
 from rollmux.adapters.common.api import Wrapper
 from rollmux.adapters.common.relocation import record
 from rollmux.adapters.verl import memory
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,23 +53,22 @@ def _empty_cache() -> None:
 
 
 # ------------------------------------------------------------------------------------ trainer side
-def update_weights(before: Callable[[], None], after: Callable[[], None]) -> Wrapper:
+def update_weights(before: Callable[[], None], after: Callable[[], None], runner: Callable[[], Any]) -> Wrapper:
     """The wrapper of ``CheckpointEngineManager.update_weights`` (its inner coroutine): `before` opens the
-    push's phase, the push runs now or is handed to the runner (:func:`memory.push_timing`), `after`
-    closes the phase."""
+    push's phase, the push runs now or is handed to the process's runner (`runner()`, None when off;
+    :func:`memory.push_timing`), `after` closes the phase."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return _update_weights(before, after, wrapped, instance, args, kwargs)
+        return _update_weights(before, after, runner, wrapped, instance, args, kwargs)
 
     return wrapper
 
 
-async def _update_weights(before: Callable[[], None], after: Callable[[], None], wrapped: Callable[..., Any],
-                          instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from rollmux.adapters.verl import runner
-
+async def _update_weights(before: Callable[[], None], after: Callable[[], None], runner: Callable[[], Any],
+                          wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> Any:
     await asyncio.to_thread(before)  # a permit wait must not stall the event loop
-    r = runner.runner()
+    r = runner()
     phase = r.tracker.current if r is not None and not r.finished else None
     if r is not None and memory.push_timing(backend=str(getattr(instance, "backend", "")),
                                             phase=phase) is memory.PushTiming.NEXT_ROLLOUT:

@@ -1,8 +1,8 @@
 """Honouring a relocation directive in an unmodified veRL job: veRL's checkpoint, exit, restart, resume.
 
-The coordinator may move a running job to another group (docs/coordinator.md, "Live relocation").
+The coordinator may move a running job to another group (docs/concepts/relocation-and-migration.md).
 A veRL job's GPUs are held by its Ray workers (FSDP actor, rollout replicas) on the nodes it started
-on; veRL cannot move them, so the job moves the way veRL resumes (docs/verl.md, "Relocation"):
+on; veRL cannot move them, so the job moves the way veRL resumes (docs/how-to/run-verl.md, "Relocation"):
 
 1. At the end of Sync(i), inside its permit (the job's nodes are still its own), the trainer loop
    sees the pending directive (``rollmux.relocation()``) and saves veRL's own checkpoint
@@ -19,7 +19,7 @@ on; veRL cannot move them, so the job moves the way veRL resumes (docs/verl.md, 
    the new node's sidecar. An operator-registered job keeps its ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``;
    a self-registered one (the marker says ``relayed``) registers again through the new node's sidecar
    with the job name recorded in the marker and the same spec (:func:`restart_name`): the coordinator
-   answers the same job with a fresh token (docs/coordinator.md, "Re-attaching a self-registered job"),
+   answers the same job with a fresh token (docs/design/architecture.md, "Relocation in the service"),
    which goes where any self-registered job's token goes (the job's Ray instance's memory).
 
 The framework-independent part (marker, acknowledgement, exit status 75) is shared with the ROLL
@@ -152,7 +152,7 @@ def _write_marker(r: Any, d: Any, *, resume_at: int) -> None:
 
 def _leave(r: Any, epoch: int, iteration: int) -> JobRelocated:
     """Detach without deregistering (the job stays registered, its next phase Rollout(iteration))."""
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     r.finished = True  # no more gates in this process; the job stays registered
     try:

@@ -29,8 +29,8 @@ from rollmux.adapters.common.ranks import RanksGate
 from rollmux.adapters.common.registration import job_token, opted_in
 from rollmux.adapters.common.relocation import record  # also `runner.record` for the plugin and targets
 from rollmux.adapters.verl import offload, relocation
-from rollmux.sidecar import env
-from rollmux.sidecar.api import phase_pool
+from rollmux.shim import env
+from rollmux.shim.pools import phase_pool
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ShimGate:
         self.held: Any = None  # the shim's PhaseContext of the phase entered last (None once left)
 
     def enter(self, phase: str, iteration: int) -> Any:
-        from rollmux.sidecar import shim
+        from rollmux.shim import api as shim
 
         ctx = shim.phase(phase, iteration=iteration)
         self.held = ctx.__enter__()
@@ -118,7 +118,7 @@ class Runner:
 
         Only while the rollout permit covers one node. The coordinator migrates a rollout that holds two
         or more nodes and frees the released ones as it answers (``report_progress``); this adapter cannot
-        move veRL's requests off them (docs/verl.md, "Long-tail migration"), so another job would be
+        move veRL's requests off them (docs/how-to/run-verl.md, "Long-tail migration"), so another job would be
         granted nodes whose replicas still generate. Such a rollout's progress is withheld (recorded
         once per rollout as ``progress_withheld``) and its nodes come free at the rollout's end.
         """
@@ -131,7 +131,7 @@ class Runner:
                 record("progress_withheld", job=self.job, iteration=self.withheld, nodes=list(nodes))
             return
         if self.report is None:
-            from rollmux.sidecar import shim
+            from rollmux.shim import api as shim
 
             self.report = shim.runtime_hook
         directive = self.report(finished, total)
@@ -195,7 +195,7 @@ class Runner:
         if self.finished:
             return
         self.finished = True
-        from rollmux.sidecar import shim
+        from rollmux.shim import api as shim
 
         try:
             self.tracker.end()
@@ -239,7 +239,7 @@ def tracker() -> PhaseTracker | None:
 
 
 def _start() -> Runner:
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     job = os.environ.get(env.JOB, "")
     token = job_token(job)  # published by the driver in this Ray instance's memory

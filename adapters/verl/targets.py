@@ -48,7 +48,7 @@ from typing import Any
 from rollmux.adapters.common import PatchTarget, begins, ends, ranks
 from rollmux.adapters.common.phases import around
 from rollmux.adapters.verl import driver, offload, relocation, runner
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 SUPPORTED = ">=0.9,<0.10"
 """veRL versions this adapter knows (declared once; checked before any patch)."""
@@ -116,7 +116,7 @@ def _progress(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[s
         partition = args[0] if args else kwargs.get("partition_id", "train")
         done = len(instance.finished_keys[partition])
         total = done + len(instance.pending_keys[partition]) + len(instance.running_keys[partition])
-        r.progress(done, total)  # consolidating the tail is not supported for veRL (docs/verl.md)
+        r.progress(done, total)  # consolidating the tail is not supported for veRL (docs/how-to/run-verl.md)
     return result
 
 
@@ -151,7 +151,8 @@ def targets() -> list[PatchTarget]:
         PatchTarget(module="verl.trainer.constants_ppo", attribute="get_ppo_ray_runtime_env",
                     wrapper=driver.runtime_env_wrapper),
         PatchTarget(module=CKPT, attribute="CheckpointEngineManager.update_weights",
-                    wrapper=offload.update_weights(_weights_before, _weights_after), inner=True,
+                    wrapper=offload.update_weights(_weights_before, _weights_after, lambda: runner.runner()),
+                    inner=True,
                     redecorate=_auto_await),
         PatchTarget(module=WORKERS, attribute="TrainingWorker.to", wrapper=offload.worker_to),
         PatchTarget(module=CKPT, attribute="CheckpointEngineManager.sleep_replicas",

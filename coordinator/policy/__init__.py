@@ -1,7 +1,6 @@
 """The pure scheduling policy: placement (Algorithm 1), intra-group schedule, offline optimum.
 
-Policies are built by name with `rollmux.coordinator.policies.create_policy` (it imports this package
-and the baselines; neither imports it).
+Policies are built by name with `rollmux.coordinator.policy.registry.create_policy`.
 """
 
 from rollmux.coordinator.policy.api import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rollmux.core.errors import RollMuxError, SpecError
 from rollmux.core.model import Deployment, JobSpec, Pool
@@ -60,6 +60,11 @@ class Rejection:
         return f"{self.group_id}{how}: {self.reason.value}: {self.message}"
 
 
+LIVE_MERGE_CANDIDATES = 16
+"""Other lone jobs one merge search of the live coordinator prices exactly (`PolicyConfig.merge_candidates`):
+~3 ms at 0.2 ms each, where all 2,000 lone groups took ~400 ms of the event loop."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyConfig:
     """Knobs of the placement policy."""
@@ -72,7 +77,7 @@ class PolicyConfig:
     # the offline optimum on 8-job instances (benchmarks/optimality_gap.py), and the decision stays
     # fast because a whole-group lower bound rejects most saturated groups without simulating.
     fill_saturated: bool = True
-    # Per-job deployment mode (docs/policy.md): also consider co-locating a job on training-pool
+    # Per-job deployment mode (docs/design/policy.md): also consider co-locating a job on training-pool
     # GPUs (alone, or time-sharing a group's training pool) and on rollout-pool GPUs, and take the
     # cheapest feasible. False: every job is a disaggregated group member (the paper's policy).
     modes: bool = True
@@ -80,7 +85,7 @@ class PolicyConfig:
     # `learn_min_samples` are seen (window `learn_window`), and judge SLOs against their measured
     # solo iteration. False: worst-case times for the job's whole life.
     learn: bool = True
-    learn_min_samples: int = 3  # 5 until the fourth round of issue 14 (docs/policy.md)
+    learn_min_samples: int = 3  # samples before a learned time replaces the profile (docs/design/policy.md)
     learn_window: int = 20
     learn_quantile: float = 0.9
     # Regrouping: on departures and on SLO risk, relocate members (at iteration boundaries) where
@@ -89,14 +94,14 @@ class PolicyConfig:
     restart_s: float = 60.0  # relocation: stop, restart the actors on other nodes (paper Fig. 4 cold start)
     checkpoint_gb_s: float = 2.5  # relocation: checkpoint + reload bandwidth per node (20 Gbps storage), GB/s
     regroup_payback: float = 3.0  # a move must save this many times its own cost
-    # Relocations one job may take over its life (each is charged its downtime). 2 until the fourth
-    # round of issue 14; with 4 the moves the regroup plan finds worth their cost are taken later
-    # in a job's life too (docs/policy.md has the figure).
+    # Relocations one job may take over its life (each is charged its downtime). With 4 the moves the
+    # regroup plan finds worth their cost are taken late
+    # in a job's life too (docs/design/policy.md has the figure).
     max_moves_per_job: int = 4
     # Best move: among a job's single move, pair merge and pool merge take the one saving the most $
     # over the jobs' remaining run. False: the first of the three (in that order) that pays. Off in
     # `PolicyConfig()`; `rollmux simulate`, the benchmarks (`--no-best-move` there) and the live
-    # coordinator (`live_policy_config`: merges are one directive per moving job) turn it on.
+    # coordinator (`PolicyConfig.live`: merges are one directive per moving job) turn it on.
     best_move: bool = False
     # Pool merge (regrouping): two lone jobs share one disaggregated group on both their training
     # nodes (no node bought), Trains stretched over the pooled nodes, Rollouts on the rollout pool;
@@ -120,7 +125,7 @@ class PolicyConfig:
     coexec_margin: float = 0.025
     # The margin for a join that makes a group of 4 or more members (`placement.BIG_GROUP`): with
     # 2% a 4-member agentic group ran 4.5% over its fixed-time period and a member missed its
-    # realised SLO (agentic U(1.1,1.3) seed 2, docs/policy.md). Equal to coexec_margin: no wider margin.
+    # realised SLO (agentic U(1.1,1.3) seed 2, docs/design/policy.md). Equal to coexec_margin: no wider margin.
     coexec_margin_big: float = 0.04
     # Work-aware joins: take the cheapest join only when the group with the job costs no more $ per
     # unit of work (solo-seconds per second) than the group as it is plus the job alone in its
@@ -153,6 +158,32 @@ class PolicyConfig:
     # learned), a job alone in another group may join it, releasing its own group. False: a lone job
     # moves only at its own events.
     pull_moves: bool = True
+
+    # ------------------------------------------------------------------------------- presets
+    # The three sets of knobs the project runs, each defined here once; `PolicyConfig()` is the base
+    # they change. A caller switches a mechanism off by passing it: `PolicyConfig.live(regroup=False)`.
+
+    @classmethod
+    def paper(cls, **changes: Any) -> PolicyConfig:
+        """The paper's Algorithm 1 alone (the simulator's ``rollmux-alg1``): every job a disaggregated
+        group member, worst-case phase times, no regrouping."""
+        return cls(**{"modes": False, "learn": False, "regroup": False, **changes})
+
+    @classmethod
+    def simulator(cls, **changes: Any) -> PolicyConfig:
+        """What `rollmux simulate` and the benchmarks run: every mechanism on, work-aware joins and best
+        moves included (`PolicyConfig()` keeps those two off)."""
+        return cls(**{"work_aware": True, "best_move": True, **changes})
+
+    @classmethod
+    def live(cls, **changes: Any) -> PolicyConfig:
+        """What a live coordinator runs: the simulator's knobs, but deployment modes are opt-in (the
+        fleet's two pools expect disaggregated groups) and a merge search prices at most
+        `LIVE_MERGE_CANDIDATES` other lone jobs (the simulator prices all). Work-aware admission falls
+        back to the join where the fixed fleet has no free nodes for the job alone
+        (`runtime.admission`); a merge becomes one directive per moving job (`runtime.relocation`)."""
+        return cls(**{"modes": False, "work_aware": True, "best_move": True,
+                      "merge_candidates": LIVE_MERGE_CANDIDATES, **changes})
 
     def __post_init__(self) -> None:
         if self.merge_candidates is not None and (not isinstance(self.merge_candidates, int) or self.merge_candidates < 1):

@@ -388,13 +388,16 @@ class RollMuxPolicy:
         rejections: list[Rejection] = []
         best = self._best_join(job, state, allowed, exclude, rejections, profile)
         options, feasible, yardstick = self._new_groups(job, state.cluster, allowed, profile, measured)
+        # Nothing meets the SLO alone (a fixed co-located mode that is too slow) and no group takes it: run it
+        # anyway, in its first new-group option, which is then the decision and not one of its rejections.
+        forced = not feasible and best is None and bool(options)
+        if forced:
+            feasible = options[:1]
         for o in options:
             if o not in feasible:
                 rejections.append(Rejection(group_id="new", strategy=Strategy.ISOLATED, reason=RejectReason.SLO,
                                             message=f"{o.deployment.value} alone on {o.train_nodes} {o.train_pool.value} "
                                                     f"node(s): {o.planned_s / yardstick:.2f} > {job.slo:.2f}"))
-        if not feasible:  # nothing meets the SLO alone (a fixed co-located mode that is too slow): run it anyway
-            feasible = options[:1] if best is None else []
         fresh = min(feasible, key=lambda o: o.usd_per_h, default=None)
         reason = "; ".join(f"{o.deployment.value} alone ${o.usd_per_h:,.2f}/h" for o in feasible)
         lone_period = None if fresh is None else self._lone_period(fresh, job, profile, yardstick)
@@ -411,9 +414,14 @@ class RollMuxPolicy:
                                  reason=f"cheapest feasible: {cand.deployment.value} in {cand.group.group_id} at "
                                         f"+${delta:,.2f}/h" + (f" vs {reason}" if reason else ""))
         assert fresh is not None
-        return self._isolated(job, fresh, profile, yardstick, tuple(rejections),
-                              reason=f"no group takes it for less; cheapest feasible new group: {fresh.deployment.value} "
-                                     f"(planned slowdown {fresh.planned_s / yardstick:.2f} <= SLO {job.slo:.2f}) of {reason}")
+        slowdown = fresh.planned_s / yardstick
+        if forced:
+            why = (f"no group takes it and no new group meets its SLO alone: it runs alone anyway, "
+                   f"{fresh.deployment.value} (planned slowdown {slowdown:.2f} > SLO {job.slo:.2f})")
+        else:
+            why = (f"no group takes it for less; cheapest new group within its SLO: {fresh.deployment.value} "
+                   f"(planned slowdown {slowdown:.2f} <= SLO {job.slo:.2f}) of {reason}")
+        return self._isolated(job, fresh, profile, yardstick, tuple(rejections), reason=why)
 
     def join_options(self, job: JobSpec, group: GroupState) -> list[PlacementDecision]:
         """A decision for every placement of `job` in `group` that passes steps 1-3 (direct packing,

@@ -15,14 +15,13 @@ from rollmux.coordinator.service.event_loop import run as run_event_loop
 
 HELP = "Run the coordinator service (gRPC API rollmux.v1, Redis or embedded state, probes, metrics)."
 
-LIVE_MECHANISMS = {"learn": "learning", "regroup": "regroup", "work_aware": "work_aware", "best_move": "best_move",
-                   "regroup_on_learn": "regroup_on_learn"}
-"""The policy mechanisms a live coordinator may switch off: `PolicyConfig` field -> `ServiceConfig` field
-(deployment modes are opt-in, ``--deployment-modes``; the rest run as `live_policy_config` sets them)."""
+LIVE_MECHANISMS = ("learn", "regroup", "work_aware", "best_move", "regroup_on_learn")
+"""The policy mechanisms a live coordinator may switch off (`PolicyConfig` fields; deployment modes are
+opt-in, ``--deployment-modes``; the rest run as `PolicyConfig.live` sets them)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from rollmux.coordinator.policy_flags import add_mechanism_flags
+    from rollmux.coordinator.policy.flags import add_mechanism_flags
     from rollmux.coordinator.service import env
     from rollmux.wire import env as wire_env
 
@@ -42,12 +41,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait", type=float, default=300.0, help="longest server-side permit wait, s")
     parser.add_argument("--migration-threshold", type=float, default=0.8,
                         help="rollout progress at which it is tail-bound (long-tail migration)")
-    from rollmux.coordinator.policies import ONLINE_POLICIES
+    from rollmux.coordinator.policy.registry import ONLINE_POLICIES
 
     parser.add_argument("--heartbeat-interval", type=float, default=2.0,
                         help="how often sidecars send heartbeats, s (a node silent 3 intervals turns LOST)")
     parser.add_argument("--policy", choices=ONLINE_POLICIES, default="rollmux",
-                        help="placement policy by name, as in `rollmux place` and `rollmux sim` [default: rollmux]")
+                        help="placement policy by name, as in `rollmux place` and `rollmux simulate` [default: rollmux]")
     parser.add_argument("--max-group-size", type=int, default=5, help="most jobs per co-execution group")
     parser.add_argument("--catalog", help="YAML GPU catalog overrides ({gpus: {NAME: {tflops, hbm_gb, hbm_tb_s, "
                                           "usd_per_gpu_h}}}); nodes must report a GPU type it lists")
@@ -56,10 +55,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-loop", choices=[e.value for e in EventLoop], default=EventLoop.AUTO.value,
                         help="the event loop the service runs on: auto = uvloop where installed (a dependency "
                              "of rollmux except on Windows), asyncio otherwise. uvloop schedules the service's "
-                             "calls with fewer slow ones than asyncio at the same CPU (docs/coordinator.md) "
+                             "calls with fewer slow ones than asyncio at the same CPU (docs/design/decisions.md) "
                              "[default: auto]")
     parser.add_argument("--deployment-modes", action="store_true",
-                        help="choose each job's deployment mode (co-located where cheaper; docs/policy.md); "
+                        help="choose each job's deployment mode (co-located where cheaper; docs/design/policy.md); "
                              "default: every job disaggregated")
     add_mechanism_flags(parser, only=LIVE_MECHANISMS)
     parser.add_argument("--relocation-deadline", type=float, default=120.0,
@@ -81,7 +80,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rollmux.coordinator.policy_flags import mechanisms_on
+    from rollmux.coordinator.policy.api import PolicyConfig
+    from rollmux.coordinator.policy.flags import mechanisms_on
     from rollmux.coordinator.service import logs
     from rollmux.coordinator.service.runtime.api import ServiceConfig
     from rollmux.coordinator.service.server import Running, ServerOptions, serve
@@ -113,8 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                  heartbeat_interval_s=args.heartbeat_interval,
                                  max_nodes_per_job=args.max_nodes_per_job,
                                  relayed_registration=not args.no_relayed_registration,
-                                 deployment_modes=args.deployment_modes,
-                                 **{LIVE_MECHANISMS[f]: on for f, on in mechanisms_on(args).items()},
+                                 policy=PolicyConfig.live(modes=args.deployment_modes, **mechanisms_on(args)),
                                  relocation_deadline_s=args.relocation_deadline),
             cluster=ClusterSpec(rollout_gpu=args.rollout_gpu, train_gpu=args.train_gpu,
                                 gpus_per_node=args.gpus_per_node,

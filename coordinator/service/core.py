@@ -80,7 +80,7 @@ class Coordinator:
         owner: this instance's name in the leadership lease (a restarted instance with the same
             name takes over at once; a standby with another name waits for the lease to lapse).
         clock: monotonic seconds (injectable for tests).
-        policy: the placement policy (default: RollMux's; `rollmux.coordinator.policies.create_policy` builds any by name).
+        policy: the placement policy (default: RollMux's; `rollmux.coordinator.policy.registry.create_policy` builds any by name).
     """
 
     def __init__(self, store: Store, *, cluster: ClusterSpec | None = None, config: ServiceConfig | None = None,

@@ -2,7 +2,7 @@
 
 The coordinator is one event loop, so its grant latency is that loop's wake-up and scheduling
 cost besides its work. At 2,000 jobs uvloop (libuv) had 4-51 grants over 10 ms a minute where
-asyncio had 26-1,153, for the same CPU per cycle (docs/coordinator.md, fourth session), so it is
+asyncio had 26-1,153, for the same CPU per cycle (docs/design/decisions.md), so it is
 the default wherever it is installed (a dependency of rollmux on Linux and macOS); asyncio stays
 selectable and is the fallback.
 """

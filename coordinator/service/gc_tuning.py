@@ -12,7 +12,7 @@ read chains), and two kinds of garbage churn through it:
 
 With CPython's automatic collection, whatever the thresholds, some collection has to visit those
 medium-lived objects: measured 85-120 ms pauses every 8-20 s at 2,000 jobs (young threshold 50,000),
-or 30-85 ms middle-generation pauses with smaller ones (docs/coordinator.md), which set the grant
+or 30-85 ms middle-generation pauses with smaller ones (docs/design/decisions.md), which set the grant
 latency's p99. `PacedCollector` replaces automatic collection:
 
 - Every `interval_s` a task on the event loop collects the youngest generation, then freezes the

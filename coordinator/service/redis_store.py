@@ -30,10 +30,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollmux.coordinator.service.runtime.api import StaleFenceError, StoreError, StoreUnavailableError
 
-_COMMIT = """
+STALE_FENCE = "STALE_FENCE"
+"""The error reply's prefix by which the commit script refuses a stale fencing token (the one thing a
+Redis script can answer with besides data; the client maps it to `StaleFenceError`)."""
+
+_COMMIT = f"""
 local cur = redis.call('GET', KEYS[2])
 if cur ~= ARGV[1] then
-  return redis.error_reply('STALE_FENCE current=' .. tostring(cur) .. ' got=' .. ARGV[1])
+  return redis.error_reply('{STALE_FENCE} current=' .. tostring(cur) .. ' got=' .. ARGV[1])
 end
 local n = tonumber(ARGV[2])
 for j = 0, n - 1 do
@@ -142,7 +146,7 @@ class _CommitConnection(asyncio.Protocol):
                     fut.set_exception(StoreUnavailableError(f"redis at {self._url} lost the commit script: {msg}"))
                     self._fail(StoreUnavailableError(f"redis at {self._url} lost the commit script"))
                     return
-                if "STALE_FENCE" in msg:
+                if STALE_FENCE in msg:
                     fut.set_exception(StaleFenceError(f"commit refused by redis: {msg}; another coordinator took over"))
                 else:
                     fut.set_exception(StoreError(f"redis at {self._url} refused a command: {msg}"))
@@ -208,7 +212,7 @@ class RedisStore:
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailableError(f"redis at {self.url} is unreachable: {exc}") from exc
         except ResponseError as exc:
-            if "STALE_FENCE" in str(exc):
+            if STALE_FENCE in str(exc):
                 raise StaleFenceError(f"commit refused by redis: {exc}; another coordinator took over") from exc
             raise StoreError(f"redis at {self.url} refused a command: {exc}") from exc
         except RedisError as exc:

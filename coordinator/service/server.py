@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from rollmux.coordinator.policies import create_policy
+from rollmux.coordinator.policy.registry import create_policy
 from rollmux.coordinator.service import gc_tuning
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator

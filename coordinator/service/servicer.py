@@ -45,13 +45,14 @@ from rollmux.core.model import (
     NodeSnapshot,
     Phase,
     Revocation,
+    next_phase,
 )
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
 from rollmux.wire import convert
 from rollmux.wire.auth import bearer, new_token, sha256_hex
 from rollmux.wire.client import NODE_METADATA_KEY
-from rollmux.wire.errors import STATUS_OF, trailing_metadata
+from rollmux.wire.errors import grpc_status, trailing_metadata
 from rollmux.wire.names import check_name
 
 log = logging.getLogger("rollmux.coordinator")
@@ -105,7 +106,7 @@ def _rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 async def _abort(context: grpc.aio.ServicerContext, code: ErrorCode, message: str) -> None:
     """End the call with `code`'s status and the code itself in the trailing metadata."""
-    await context.abort(STATUS_OF[code], message, trailing_metadata(code))
+    await context.abort(grpc_status(code), message, trailing_metadata(code))
 
 
 def _internal(method: str, context: grpc.aio.ServicerContext) -> str:
@@ -370,9 +371,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 try:
                     permit = await core.mutate(lambda rt: rt.acquire(name, phase, iteration))
                 except OutOfOrderError:
-                    if not held:
+                    if not (held or _follows_held(core.rt.permits.get(name), phase, iteration)):
                         raise
-                    permit = None  # the previous phase is still held on other nodes: wait for them
+                    permit = None  # the previous phase is still held (here or on other nodes): its release wakes us
             asked = False
             if permit is not None and permit.state is PermitState.GRANTED:
                 await core.grant_durable(name)  # only hand out a grant the store holds
@@ -499,6 +500,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 # ----------------------------------------------------------------------------------------------
 
 
+def _follows_held(permit: PermitRecord | None, phase: Phase, iteration: int) -> bool:
+    """Whether (`phase`, `iteration`) is the phase right after the one `permit` holds: an ask that
+    came before the job's other rank released (the rollout worker asking Rollout(i+1) as the trainer
+    releases Sync(i)). It waits for that release instead of failing, so no sidecar polls for it."""
+    return (permit is not None and permit.state is PermitState.GRANTED
+            and next_phase(permit.phase, permit.iteration) == (phase, iteration))
+
+
 def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> JobInfo:
     """Job `name` as the coordinator sees it now (GetJob, RegisterJob, GetClusterState)."""
     job = rt.job(name)
@@ -522,7 +531,8 @@ def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> JobInfo:
         observed_train_s=0.0 if permit is None else permit.observed_train_s,
         lease=permit.to_lease(ttl) if permit is not None and permit.state is PermitState.GRANTED else None,
         pending_position=rt.pending().index(name) + 1 if job.state is JobState.PENDING else 0,
-        relocation=None if rec is None else rec.to_model(), learned=learned)
+        relocation=None if rec is None else rec.to_model(), learned=learned,
+        deployment=job.deployment if job.state is JobState.ADMITTED or job.spec.deployment is not None else "")
 
 
 def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> ClusterInfo:

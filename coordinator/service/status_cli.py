@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rollmux.core.model import Lease
 
-HELP = "Show the coordinator's groups, jobs, per-node queues and leases."
+HELP = "Show the coordinator's groups, jobs (state, group, deployment mode, next phase, lease), per-node queues and leases."
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
         groups.add_row(g.group_id, " ".join(g.jobs), " ".join(g.rollout_nodes), " ".join(g.train_nodes),
                        f"{g.usd_per_h:,.2f}")
     jobs = Table(title="jobs")
-    for col in ("job", "state", "group", "next phase", "permit", "lease", "obs roll s", "obs train s"):
+    for col in ("job", "state", "group", "mode", "next phase", "permit", "lease", "obs roll s", "obs train s"):
         jobs.add_column(col)
     for j in state.jobs:
-        jobs.add_row(j.job, j.state, j.group_id or "-",
+        jobs.add_row(j.job, j.state, j.group_id or "-", j.deployment or "-",
                      f"{j.next_phase.value}({j.next_iteration})", j.permit_state,
                      _lease(j.lease), f"{j.observed_roll_s:.2f}",
                      f"{j.observed_train_s:.2f}")

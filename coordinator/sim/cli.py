@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollmux.coordinator.policy.api import PolicyConfig
-from rollmux.coordinator.policy_flags import add_mechanism_flags, mechanisms_on
+from rollmux.coordinator.policy.flags import add_mechanism_flags, mechanisms_on
 from rollmux.coordinator.sim.api import ProgressFn, SimError, TraceJob
 from rollmux.coordinator.sim.engine import build_context, simulate
 from rollmux.coordinator.sim.report import print_summaries
@@ -70,7 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """RollMux's policy mechanisms, each switched off by one flag (docs/policy.md has what each buys)."""
+    """RollMux's policy mechanisms, each switched off by one flag (docs/design/policy.md has what each buys)."""
     add_mechanism_flags(parser)
     parser.add_argument("--max-moves", type=int, default=PolicyConfig().max_moves_per_job, metavar="N",
                         help="RollMux: relocations one job may take over its life [default: %(default)s]")
@@ -89,15 +89,14 @@ def add_policy_switches(parser: argparse.ArgumentParser | argparse._ArgumentGrou
 
 
 def policy_config_from(args: argparse.Namespace) -> PolicyConfig:
-    """The simulator's policy: every mechanism on unless switched off (`PolicyConfig()` keeps
-    `work_aware` and `best_move` off for the live coordinator's fixed fleet and single moves)."""
-    on = {"work_aware": True, "best_move": True, **mechanisms_on(args)}
-    return PolicyConfig(max_group_size=getattr(args, "max_group_size", 5),
-                        coexec_margin=getattr(args, "coexec_margin", PolicyConfig().coexec_margin),
-                        coexec_margin_big=getattr(args, "coexec_margin_big", PolicyConfig().coexec_margin_big),
-                        max_moves_per_job=getattr(args, "max_moves", PolicyConfig().max_moves_per_job),
-                        learn_min_samples=getattr(args, "learn_min_samples", PolicyConfig().learn_min_samples),
-                        train_scaling=getattr(args, "train_scaling", False), **on)
+    """The simulator's policy (`PolicyConfig.simulator`): every mechanism on unless switched off."""
+    base = PolicyConfig()
+    return PolicyConfig.simulator(max_group_size=getattr(args, "max_group_size", 5),
+                                  coexec_margin=getattr(args, "coexec_margin", base.coexec_margin),
+                                  coexec_margin_big=getattr(args, "coexec_margin_big", base.coexec_margin_big),
+                                  max_moves_per_job=getattr(args, "max_moves", base.max_moves_per_job),
+                                  learn_min_samples=getattr(args, "learn_min_samples", base.learn_min_samples),
+                                  train_scaling=getattr(args, "train_scaling", False), **mechanisms_on(args))
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[TraceJob], str]:

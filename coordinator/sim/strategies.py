@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollmux.coordinator.policies import ONLINE_POLICIES, create_policy
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.baselines import OptPolicy
 from rollmux.coordinator.policy.baselines.dedicated import colocated, gavel_plus
 from rollmux.coordinator.policy.optimum import MAX_OPT_JOBS, optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.registry import ONLINE_POLICIES, create_policy
 from rollmux.coordinator.sim.api import SimContext, SimError, SimStrategy
 from rollmux.coordinator.sim.dedicated import DedicatedStrategy
 from rollmux.coordinator.sim.driver import GroupStrategy
@@ -29,8 +29,7 @@ def make_strategy(name: str, specs: Sequence[JobSpec], ctx: SimContext) -> SimSt
     if name == "rollmux":
         return GroupStrategy(name, RollMuxPolicy(ctx.policy_config or config))
     if name == "rollmux-alg1":  # the paper's Algorithm 1 alone: no modes, worst-case times, no regrouping
-        return GroupStrategy(name, RollMuxPolicy(PolicyConfig(max_group_size=ctx.max_group_size, modes=False,
-                                                              learn=False, regroup=False)))
+        return GroupStrategy(name, RollMuxPolicy(PolicyConfig.paper(max_group_size=ctx.max_group_size)))
     if name in ONLINE_POLICIES:  # by name, as `rollmux coordinator --policy` and `rollmux place --policy` build them
         return GroupStrategy(name, create_policy(name, config=config, seed=ctx.seed))
     if name == "colocate":

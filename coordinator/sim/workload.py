@@ -30,7 +30,7 @@ from importlib import resources
 
 import numpy as np
 
-from rollmux.coordinator.profiler import state_bytes_per_node
+from rollmux.coordinator.policy.profiler import state_bytes_per_node
 from rollmux.coordinator.sim.api import TraceJob
 from rollmux.core.errors import SpecError
 from rollmux.core.model import GB

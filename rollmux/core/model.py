@@ -457,6 +457,7 @@ class JobInfo:
     observed_train_s: float = 0.0  # moving average of measured train (+ sync) durations, s
     placement: str = ""  # the policy's explanation of its placement
     relayed_by: str = ""  # node whose sidecar relayed its registration ("" = registered directly)
+    deployment: str = ""  # Deployment value its phases are laid out by ("" = not decided yet)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from rollmux.core.errors import RollMuxError
 from rollmux.core.ports import free_port
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 
 class LaunchError(RollMuxError):

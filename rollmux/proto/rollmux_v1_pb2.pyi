@@ -239,7 +239,7 @@ class RegisterJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., nonce: _Optional[str] = ..., relay_node: _Optional[str] = ..., attachable: _Optional[bool] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement", "relayed_by", "relocation", "learned_roll_s", "learned_train_s", "learned_solo_s")
+    __slots__ = ("job", "state", "group_id", "rollout_nodes", "train_nodes", "next_phase", "next_iteration", "permit_state", "lease", "observed_roll_s", "observed_train_s", "pending_position", "placement", "relayed_by", "relocation", "learned_roll_s", "learned_train_s", "learned_solo_s", "deployment")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class JobStatus(_message.Message):
     LEARNED_ROLL_S_FIELD_NUMBER: _ClassVar[int]
     LEARNED_TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     LEARNED_SOLO_S_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
     group_id: str
@@ -276,7 +277,8 @@ class JobStatus(_message.Message):
     learned_roll_s: float
     learned_train_s: float
     learned_solo_s: float
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., group_id: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., permit_state: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., observed_roll_s: _Optional[float] = ..., observed_train_s: _Optional[float] = ..., pending_position: _Optional[int] = ..., placement: _Optional[str] = ..., relayed_by: _Optional[str] = ..., relocation: _Optional[_Union[RelocationDirective, _Mapping]] = ..., learned_roll_s: _Optional[float] = ..., learned_train_s: _Optional[float] = ..., learned_solo_s: _Optional[float] = ...) -> None: ...
+    deployment: str
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., group_id: _Optional[str] = ..., rollout_nodes: _Optional[_Iterable[str]] = ..., train_nodes: _Optional[_Iterable[str]] = ..., next_phase: _Optional[_Union[Phase, str]] = ..., next_iteration: _Optional[int] = ..., permit_state: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., observed_roll_s: _Optional[float] = ..., observed_train_s: _Optional[float] = ..., pending_position: _Optional[int] = ..., placement: _Optional[str] = ..., relayed_by: _Optional[str] = ..., relocation: _Optional[_Union[RelocationDirective, _Mapping]] = ..., learned_roll_s: _Optional[float] = ..., learned_train_s: _Optional[float] = ..., learned_solo_s: _Optional[float] = ..., deployment: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
     __slots__ = ("job_token", "status", "deployment")

@@ -115,91 +115,106 @@ class CoordinatorServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterNode(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A sidecar announces its node (pool, GPU type and count, host DRAM); answers the node's identity and lease TTL.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NodeStream(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """The node's one long-lived stream: heartbeats and attach reports up; grants, revocations and directives down.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportAttach(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A sidecar reports the first rank of a job attached on its node; refused when the job is admitted on other nodes.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RegisterJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Admit a job: the policy places it in a group (or leaves it pending) and answers the job token.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A job's state, group, nodes and deployment mode.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AcquirePermit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Wait for the run permit of the job's next phase; answers the lease, or why the wait ended.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RenewPermit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Extend the held lease before its TTL lapses (phases longer than one TTL).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleasePermit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Give the held phase's nodes back (all of them, or one node), with the phase's measured duration.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AdvancePermit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Release the held phase and wait for the next one in one round trip and one store commit.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportProgress(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A rollout's finished and total requests; may answer a long-tail migration directive.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeregisterJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The job ends: its permits are released and its group's nodes freed or regrouped.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AckRelocation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The job acknowledges a relocation directive at an iteration boundary: switched, or pending with why.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetClusterState(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Operator view: nodes, groups, jobs and leases (what `rollmux status` prints).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DrainNode(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Operator: stop granting on a node; its jobs move or wait as the policy decides.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RemoveJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Operator: end a job as if it had deregistered (its ranks see the job removed).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

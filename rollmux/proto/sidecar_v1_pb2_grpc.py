@@ -80,49 +80,57 @@ class SidecarServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Attach(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A rank's lease on its node: opened at `rollmux.init`, streams grants and directives; a dropped stream is a dead rank.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Acquire(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Wait for the job's next phase permit through the node's coordinator stream.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Release the held phase on this node after the job's GPU memory is checked released; may return the next phase.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Progress(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Relay a rollout's progress; answers a long-tail migration directive when one is pending.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Relocate(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Acknowledge a relocation directive by its epoch (relayed as AckRelocation).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Detach(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The rank leaves cleanly (at exit, or the job is done).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NodeStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The node's sidecar view: node id, pool, coordinator connection, attached ranks.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Register(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A job's driver registers the job through the sidecar, which relays RegisterJob with its node credential.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

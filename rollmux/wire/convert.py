@@ -196,7 +196,7 @@ def job_info_to_pb(info: JobInfo) -> pb.JobStatus:
                        observed_roll_s=info.observed_roll_s, observed_train_s=info.observed_train_s,
                        pending_position=info.pending_position, placement=info.placement,
                        relayed_by=info.relayed_by, learned_roll_s=info.learned[0], learned_train_s=info.learned[1],
-                       learned_solo_s=info.learned[2])
+                       learned_solo_s=info.learned[2], deployment=info.deployment)
     if info.lease is not None:
         msg.lease.CopyFrom(lease_to_pb(info.lease))
     if info.relocation is not None:
@@ -213,7 +213,7 @@ def job_info_from_pb(msg: pb.JobStatus) -> JobInfo:
                    learned=(msg.learned_roll_s, msg.learned_train_s, msg.learned_solo_s),
                    lease=lease_from_pb(msg.lease) if msg.HasField("lease") else None,
                    observed_roll_s=msg.observed_roll_s, observed_train_s=msg.observed_train_s,
-                   placement=msg.placement, relayed_by=msg.relayed_by)
+                   placement=msg.placement, relayed_by=msg.relayed_by, deployment=msg.deployment)
 
 
 def cluster_info_to_pb(info: ClusterInfo) -> pb.ClusterStateResponse:

@@ -1,5 +1,5 @@
-"""Environment variables of a coordinator connection, each named once (the coordinator, the sidecar
-and operator tools read them)."""
+"""Environment variables of the two connections, each named once: the coordinator's (the coordinator,
+the sidecar and operator tools read them) and the sidecar socket's (the sidecar and the shim read it)."""
 
 from __future__ import annotations
 
@@ -15,3 +15,7 @@ bootstrap secret (how the Helm chart mounts it); wins over `BOOTSTRAP_SECRET`.""
 
 TOKEN = "ROLLMUX_TOKEN"
 """Operator token for `rollmux status` and other operator calls."""
+
+SIDECAR_SOCKET = "ROLLMUX_SIDECAR_SOCKET"
+"""Opt-in. Path of the node sidecar's Unix-domain socket the trainer ranks attach to
+(e.g. ``/run/rollmux/sidecar.sock``). Unset: RollMux is off and the shim does nothing."""

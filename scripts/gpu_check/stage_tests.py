@@ -9,9 +9,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import result
+from result import Check, at_least
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ("tests/sidecar/test_state_cache.py", "tests/demo/tiny_grpo/test_tiny_grpo.py",
+FILES = ("tests/shim/test_state_cache.py", "tests/shim/test_state_cache_paths.py",
+         "tests/demo/tiny_grpo/test_tiny_grpo.py",
          "tests/sync_plugin/test_sync_gpu.py")
 
 
@@ -28,9 +30,12 @@ def main() -> int:
     count = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     fig = {"passed": count["tests"] - count["failures"] - count["errors"] - count["skipped"],
            "skipped": count["skipped"], "failed": count["failures"] + count["errors"]}
-    ok = fig["failed"] == 0 and proc.returncode in (0, 5) and (args.cpu or fig["passed"] > 0)
-    notes = [] if ok else [f"pytest exit {proc.returncode}; see the log"]
-    return result.write(args.out, ok=ok, figures=fig, notes=notes)
+    checks = [Check("no GPU test failed", fig["failed"], "== 0", fig["failed"] == 0 and proc.returncode in (0, 5)),
+              at_least("GPU tests passed", fig["passed"], 1, judged=not args.cpu)]
+    if args.cpu:
+        checks.append(Check("every GPU test skipped cleanly without CUDA", fig["passed"], "== 0", fig["passed"] == 0))
+    notes = [] if proc.returncode in (0, 5) else [f"pytest exit {proc.returncode}; see the log"]
+    return result.write(args.out, figures=fig, notes=notes, checks=checks)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def test_policy_flag_is_rendered_only_when_set() -> None:
 def test_the_schema_offers_exactly_the_coordinator_policies() -> None:
     import json
 
-    from rollmux.coordinator.policies import ONLINE_POLICIES
+    from rollmux.coordinator.policy.registry import ONLINE_POLICIES
 
     from .conftest import CHART
 

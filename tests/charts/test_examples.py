@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rollmux.sidecar import env as sidecar_env
+from rollmux.shim import env as sidecar_env
 
 from .conftest import CHART, K8S_VERSIONS, ci_values, helm, name, pod_spec, render
 
@@ -26,6 +26,16 @@ def docs(path: Path) -> list[dict[str, Any]]:
 def test_the_verl_job_validates(version: str) -> None:
     for doc in docs(EXAMPLES / "verl-grpo-job.yaml"):
         kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_verl_job_starts_again_when_relocated() -> None:
+    """Regrouping is on by default: a relocated job exits 75, and its Job must start it again uncounted."""
+    (job,) = docs(EXAMPLES / "verl-grpo-job.yaml")
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "Ignore" and rule["onExitCodes"]["values"] == [75]
+    assert rule["onExitCodes"]["containerName"] == pod_spec(job)["containers"][0]["name"]
+    assert pod_spec(job)["restartPolicy"] == "Never"  # podFailurePolicy needs it
+    assert job["spec"]["backoffLimit"] >= 1  # on a server without podFailurePolicy a relocation is a retry
 
 
 def test_the_dra_example_validates_on_kubernetes_1_34() -> None:
@@ -114,6 +124,7 @@ def scheduler_pods(templates: list[tuple[dict[str, Any], int]], owner: str) -> l
 
 
 def test_the_scheduled_verl_job_is_one_gang_the_scheduler_can_place() -> None:
+    from rollmux.k8s.api import Conventions
     from rollmux.k8s.gang import build_gang
     from rollmux.k8s.objects import owner_gang_size
     from rollmux.k8s.spec import gang_spec
@@ -125,8 +136,14 @@ def test_the_scheduled_verl_job_is_one_gang_the_scheduler_can_place() -> None:
     assert spec["schedulerName"] == VALUES["scheduler"]["name"]
     size = owner_gang_size("Job", job)
     pods = scheduler_pods([(job["spec"]["template"], size)], "job")
-    gs = gang_spec(build_gang("rl-jobs", pods[0].job, pods, lambda ns, o: size))
+    gs = gang_spec(build_gang("rl-jobs", pods[0].job, pods, lambda ns, o: size,
+                              name=Conventions().qualified("rl-jobs", pods[0].job)))
     assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus, gs.spec.deployment.value) == (8, 8, "colocated-train")
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}  # the driver registers under the placed name
+    expanded = env["ROLLMUX_JOB"]["value"].replace("$(POD_NAMESPACE)", "rl-jobs").replace(
+        "$(ROLLMUX_JOB_LABEL)", pods[0].job)
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert expanded == gs.spec.name == "rl-jobs.qwen7b-gsm8k-grpo"
     (rule,) = job["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "Ignore" and rule["onExitCodes"]["values"] == [75]  # relocation restarts it
 

@@ -273,3 +273,41 @@ def test_network_policies_admit_only_sidecars_and_operators_to_grpc_and_only_the
     redis = r.one("NetworkPolicy", name("redis"))
     (only,) = redis["spec"]["ingress"][0]["from"]
     assert subset(only["podSelector"]["matchLabels"], coordinator)
+
+
+def scheduler_args(r: Rendered) -> dict[str, str]:
+    c = container(r.one("Deployment", name("scheduler")), "scheduler")
+    return dict(a.removeprefix("--").split("=", 1) if "=" in a else (a.removeprefix("--"), "") for a in c["args"][1:])
+
+
+def test_scheduler_replicas_elect_a_leader_on_a_lease_and_probe_their_watchdog() -> None:
+    r = render(ci_values("defaults"))
+    dep = r.one("Deployment", name("scheduler"))
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = scheduler_args(r)
+    assert "leader-elect" in args and args["lease-namespace"] == NAMESPACE
+    assert (args["gpu-resource"], args["pool-label"]) == ("nvidia.com/gpu", "rollmux.io/pool")
+    c = container(dep, "scheduler")
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    role = r.one("Role", name("scheduler"))
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "update"]}]
+    rules = r.one("ClusterRole", name("scheduler"))["rules"]
+    assert not any("leases" in rule["resources"] for rule in rules)  # never cluster-wide
+    assert {"pods/eviction", "podgroups"} <= {res for rule in rules for res in rule["resources"]}
+
+
+def test_renamed_time_sliced_gpus_are_the_resource_the_scheduler_fits() -> None:
+    renamed = render(ci_values("time-slicing"), sets=("timeSlicing.renameByDefault=true",))
+    assert scheduler_args(renamed)["gpu-resource"] == "nvidia.com/gpu.shared"
+    assert scheduler_args(render(ci_values("time-slicing")))["gpu-resource"] == "nvidia.com/gpu"
+
+
+def test_the_schedulers_metrics_have_a_service_and_a_servicemonitor() -> None:
+    r = render(ci_values("everything"))
+    svc = r.one("Service", name("scheduler"))
+    sm = r.one("ServiceMonitor", name("scheduler"))
+    assert sm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics" == svc["spec"]["ports"][0]["name"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.sidecar import env as sidecar_env
+from rollmux.shim import env as sidecar_env
 from rollmux.wire.auth import operator_token
 from rollmux.wire.client import CoordinatorClient
 

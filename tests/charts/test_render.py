@@ -10,7 +10,7 @@ import pytest
 
 from .conftest import CHART, CI_VALUES, CRD_KINDS, K8S_VERSIONS, ci_values, helm, name, render
 
-SCHEDULER_RBAC = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")  # the scheduler's identity and rights
+SCHEDULER_RBAC = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")  # the scheduler's identity and rights (the Role: its Lease)
 EXPECTED_KINDS = {
     "defaults": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", "StatefulSet", *SCHEDULER_RBAC},
     "external-redis": {"Secret", "ConfigMap", "Service", "Deployment", "DaemonSet", *SCHEDULER_RBAC},

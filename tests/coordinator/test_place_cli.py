@@ -43,7 +43,7 @@ def test_place_accepts_a_jobs_file(tmp_path) -> None:
 
 def test_coordinator_side_never_imports_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import rollmux, rollmux.coordinator, rollmux.coordinator.policy, rollmux.coordinator.profiler\n"
+            "import rollmux, rollmux.coordinator, rollmux.coordinator.policy, rollmux.coordinator.policy.profiler\n"
             "import rollmux.coordinator.placement_run, rollmux.cli\n"
             "rollmux.cli.main(['place', '--quiet'])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

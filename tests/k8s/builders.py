@@ -10,8 +10,9 @@ from rollmux.k8s.api import GPU_RESOURCE, JOB_LABEL, POOL_LABEL, REPLICAS_LABEL,
 def pod_obj(name: str, job: str | None, *, gpus: int = 8, pool: str | None = None, ns: str = "default",
             annotations: dict[str, str] | None = None, tolerations: list[dict[str, str]] | None = None,
             owner: tuple[str, str] | None = None, uid: str = "", scheduler: str = SCHEDULER_NAME,
-            gpu_raw: Any = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A pending pod of `job` asking for `gpus` GPUs (in `pool` when given)."""
+            gpu_raw: Any = None, labels: dict[str, str] | None = None,
+            requests: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pending pod of `job` asking for `gpus` GPUs (in `pool` when given) and `requests` (cpu, memory...)."""
     meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": dict(labels or {}),
                             "annotations": dict(annotations or {})}
     if uid:
@@ -26,8 +27,8 @@ def pod_obj(name: str, job: str | None, *, gpus: int = 8, pool: str | None = Non
     gpu = str(gpus) if gpu_raw is None else gpu_raw
     spec: dict[str, Any] = {
         "schedulerName": scheduler, "automountServiceAccountToken": False,
-        "containers": [{"name": "main", "image": "trainer", "resources": {"limits": {GPU_RESOURCE: gpu},
-                                                                          "requests": {GPU_RESOURCE: gpu}}}],
+        "containers": [{"name": "main", "image": "trainer", "resources": {
+            "limits": {GPU_RESOURCE: gpu}, "requests": {GPU_RESOURCE: gpu, **(requests or {})}}}],
         "tolerations": list(tolerations or []),
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

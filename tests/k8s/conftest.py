@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from .builders import node_obj
 
 SCHEDULER_USER = "system:serviceaccount:rollmux:rm-rollmux-scheduler"  # the chart's ServiceAccount (release rm)
 SCHEDULER_TOKEN = "rollmux-test-scheduler"  # a loopback test server's credential, not a secret
+LIMITED_USER = "rollmux-limited-scheduler"  # a scheduler identity whose Binding rights a test grants pod by pod
+LIMITED_TOKEN = "rollmux-test-limited"  # a loopback test server's credential, not a secret
 FAST = ServiceConfig(lease_ttl_s=5.0, reap_interval_s=0.02, heartbeat_interval_s=0.5, relocation_deadline_s=60.0)
 _names = itertools.count()
 CRDS = Path(__file__).parent / "crds"
@@ -44,7 +47,8 @@ def kube_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[control_pla
     if why:
         pytest.skip(f"no Kubernetes control plane: {why}")
     plane = control_plane.ControlPlane(tmp_path_factory.mktemp("kube"), controller_manager=True,
-                                       users={SCHEDULER_TOKEN: (SCHEDULER_USER, "system:serviceaccounts")}).start()
+                                       users={SCHEDULER_TOKEN: (SCHEDULER_USER, "system:serviceaccounts"),
+                                              LIMITED_TOKEN: (LIMITED_USER, "rollmux-limited")}).start()
     yield plane
     plane.stop()
 
@@ -62,10 +66,29 @@ class Env:
         self.kube, self.tag = kube, tag
         self.ns = f"t-{tag}"
         self.client = CoordinatorClient(coordinator.address, retry_s=5.0)
-        self.scheduler = Scheduler(scheduler_kube or kube, self.client,
+        self.scheduler_kube = scheduler_kube or kube
+        self.scheduler = Scheduler(self.scheduler_kube, self.client,
                                    SchedulerConfig(scheduler_name=f"rollmux-{tag}", resync_s=0.2))
         self.thread: threading.Thread | None = None
+        self.namespaces = [self.ns]
         kube.create("/api/v1/namespaces", {"metadata": {"name": self.ns}})
+
+    def configure(self, kube: KubeClient | None = None, **config: Any) -> Scheduler:
+        """A scheduler (not started) with `config` changed, acting with `kube` (default: as before)."""
+        self.scheduler_kube = kube or self.scheduler_kube
+        self.scheduler = Scheduler(self.scheduler_kube, self.client, replace(self.scheduler.config, **config))
+        return self.scheduler
+
+    def namespace(self, suffix: str) -> str:
+        """Another namespace of this test's."""
+        ns = f"{self.ns}-{suffix}"
+        self.kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        self.namespaces.append(ns)
+        return ns
+
+    def qualified(self, job: str) -> str:
+        """`job`'s name at the coordinator (its namespace's)."""
+        return self.scheduler.conv.qualified(self.ns, job)
 
     def node(self, name: str, pool: Pool, **kw: Any) -> str:
         """A node named `<tag>-<name>` in the API server and registered at the coordinator."""
@@ -84,12 +107,12 @@ class Env:
         sel = {"labelSelector": f"rollmux.io/job={job}"} if job else {}
         return self.kube.list(f"/api/v1/namespaces/{self.ns}/pods", **sel)[0]
 
-    def create_pod(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create_pod(self, obj: dict[str, Any], ns: str = "") -> dict[str, Any]:
         obj["spec"]["schedulerName"] = self.scheduler.config.scheduler_name
-        return self.kube.create(f"/api/v1/namespaces/{self.ns}/pods", obj)
+        return self.kube.create(f"/api/v1/namespaces/{ns or self.ns}/pods", obj)
 
-    def events(self, pod: str) -> list[dict[str, Any]]:
-        return self.kube.list(f"/api/v1/namespaces/{self.ns}/events",
+    def events(self, pod: str, ns: str = "") -> list[dict[str, Any]]:
+        return self.kube.list(f"/api/v1/namespaces/{ns or self.ns}/events",
                               fieldSelector=f"involvedObject.name={pod}")[0]
 
     def close(self) -> None:

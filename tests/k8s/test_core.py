@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rollmux.core.model import Deployment, Pool
 from rollmux.k8s import nodefilter
-from rollmux.k8s.api import Code, Gang, NodeUsage, SchedulerError
-from rollmux.k8s.assign import assign, never_fits
-from rollmux.k8s.gang import build_gang, group_pending
-from rollmux.k8s.objects import node_view, owner_gang_size, pod_view
+from rollmux.k8s.api import Code, Conventions, Gang, NodeUsage, SchedulerError
+from rollmux.k8s.assign import assign, never_fits, refusals
+from rollmux.k8s.cache import ClusterCache
+from rollmux.k8s.gang import build_gang, group_pending, order_key
+from rollmux.k8s.kube import KubeClient, KubeConfig
+from rollmux.k8s.objects import milli, node_view, owner_gang_size, pod_requests, pod_view
+from rollmux.k8s.scheduler import condition_reason
 from rollmux.k8s.spec import gang_spec
+from rollmux.k8s.usage import add_pod
 
 from .builders import node_obj, pod_obj
 
@@ -21,6 +27,11 @@ def pod(name: str, job: str | None = "a", **kw):  # type: ignore[no-untyped-def]
 
 def node(name: str, pool: str = "train", **kw):  # type: ignore[no-untyped-def]
     return node_view(node_obj(name, pool, **kw))
+
+
+def taken(gpus: int, pods: int, jobs: set[str]) -> NodeUsage:
+    """What `pods` bound pods of `jobs` holding `gpus` GPUs take of a node."""
+    return NodeUsage(gpus=gpus, pods=pods, jobs=frozenset(jobs), requests=(("nvidia.com/gpu", gpus * 1000),))
 
 
 def no_owner(ns, owner):  # type: ignore[no-untyped-def]
@@ -48,12 +59,12 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
     ({"taints": [NOT_READY_TAINT]}, {"tolerations": [{"key": "node.kubernetes.io/not-ready",
                                                       "operator": "Exists", "effect": "NoExecute"}]},
      NodeUsage(), ["node(s) had taint {node.kubernetes.io/not-ready: }, that the pod didn't tolerate"]),
-    ({}, {}, NodeUsage(gpus=4, pods=1, jobs=frozenset({"b"})), [nodefilter.INSUFFICIENT_GPU, nodefilter.REPLICAS]),
-    ({}, {}, NodeUsage(gpus=4, pods=1, jobs=frozenset({"a"})), [nodefilter.INSUFFICIENT_GPU]),
-    ({"replicas": 2}, {}, NodeUsage(gpus=8, pods=1, jobs=frozenset({"b"})), []),
-    ({"replicas": 2}, {}, NodeUsage(gpus=8, pods=2, jobs=frozenset({"b", "c"})), [nodefilter.REPLICAS]),
-    ({"replicas": 3}, {}, NodeUsage(gpus=16, pods=2, jobs=frozenset({"b", "c"})), []),
-    ({"replicas": 3}, {}, NodeUsage(gpus=16, pods=3, jobs=frozenset({"b", "c", "d"})), [nodefilter.REPLICAS]),
+    ({}, {}, taken(4, 1, {"b"}), [nodefilter.INSUFFICIENT_GPU, nodefilter.REPLICAS]),
+    ({}, {}, taken(4, 1, {"a"}), [nodefilter.INSUFFICIENT_GPU]),
+    ({"replicas": 2}, {}, taken(8, 1, {"b"}), []),
+    ({"replicas": 2}, {}, taken(8, 2, {"b", "c"}), [nodefilter.REPLICAS]),
+    ({"replicas": 3}, {}, taken(16, 2, {"b", "c"}), []),
+    ({"replicas": 3}, {}, taken(16, 3, {"b", "c", "d"}), [nodefilter.REPLICAS]),
 ], ids=["fits", "not-ready", "cordoned", "cordon-tolerated", "taint", "taint-tolerated", "taint-other-value",
         "tolerate-all", "prefer-no-schedule-ignored", "wrong-effect", "gpus-taken", "gpus-taken-by-itself", "time-sliced-second-job",
         "time-sliced-full", "three-replicas", "replicas-count-jobs"])
@@ -152,7 +163,7 @@ def test_unlabelled_pods_fill_rollout_then_training_by_the_gpu_annotations() -> 
     ([{"annotations": {"rollmux.io/rollout-gpus": "eight"}}], "whole number"),
     ([{"annotations": {"rollmux.io/slo": "2"}}, {"annotations": {"rollmux.io/slo": "3"}}], "different"),
     ([{"annotations": {"rollmux.io/rollout-gpus": "8", "rollmux.io/train-gpus": "16"}}], "ask for 8 and 16"),
-    ([{"gpus": 0}, {"gpus": 0}], "requests nvidia.com/gpu"),
+    ([{"gpus": 0}, {"gpus": 0}], "requests GPUs"),
 ], ids=["slo-text", "slo-range", "deployment", "gpu-count", "pods-disagree", "gpus-do-not-add-up", "no-gpus"])
 def test_bad_annotations_are_bad_input(pods, match) -> None:  # type: ignore[no-untyped-def]
     views = [pod(f"a-{i}", pool="rollout" if i == 0 else "train", **kw) for i, kw in enumerate(pods)]
@@ -195,9 +206,9 @@ def test_small_pods_of_one_job_share_a_node_within_its_physical_gpus() -> None:
 
 def test_time_slicing_lets_a_second_job_share_a_node() -> None:
     nodes = {"t0": node("t0", replicas=2)}
-    used = {"t0": NodeUsage(gpus=8, pods=1, jobs=frozenset({"b"}))}
+    used = {"t0": taken(8, 1, {"b"})}
     assert assign("a", [(pod("a-0"), Pool.TRAIN)], {Pool.TRAIN: ("t0",)}, nodes, used, explain="x").bound
-    used = {"t0": NodeUsage(gpus=8, pods=1, jobs=frozenset({"b"}))}
+    used = {"t0": taken(8, 1, {"b"})}
     unsliced = {"t0": node("t0")}
     assert not assign("a", [(pod("a-0"), Pool.TRAIN)], {Pool.TRAIN: ("t0",)}, unsliced, used, explain="x").bound
 
@@ -249,3 +260,192 @@ def test_a_replacement_pod_takes_the_pool_its_bound_sibling_leaves_whatever_the_
     assert (gs.spec.n_rollout_gpus, gs.spec.n_train_gpus) == (8, 8)
     # without the nodes' pools, the split goes by gang order, and gives the pending pod rollout
     assert [pool for _, pool in gang_spec(gang).pools] == [Pool.ROLLOUT, Pool.TRAIN]
+
+
+# ---------------------------------------------------------------------------------------- fit like kubelet
+def with_spec(name: str, **spec):  # type: ignore[no-untyped-def]
+    """A pod of job a whose spec gets `spec` merged in (a container's requests via `requests`)."""
+    obj = pod_obj(name, "a", uid=f"uid-{name}")
+    req = spec.pop("requests", None)
+    if req is not None:
+        obj["spec"]["containers"][0]["resources"]["requests"].update(req)
+    obj["spec"].update(spec)
+    return pod_view(obj)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("500m", 500), ("2", 2000), ("1.5", 1500), ("64Gi", 64 * 2**30 * 1000),
+                                                ("100M", 10**11), ("1e3", 10**6), (4, 4000), ("1u", 1)])
+def test_quantities_parse_as_the_api_server_writes_them(raw, expected) -> None:  # type: ignore[no-untyped-def]
+    assert milli(raw, "q") == expected
+
+
+def test_a_pod_requests_its_containers_its_largest_init_container_and_its_overhead() -> None:
+    obj = pod_obj("p", "a", gpus=2)
+    obj["spec"]["containers"].append({"name": "side", "resources": {"limits": {"cpu": "500m", "memory": "1Gi"}}})
+    obj["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "4", "memory": "8Gi"})
+    obj["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "8"}}}]
+    obj["spec"]["overhead"] = {"cpu": "250m", "memory": "120Mi"}
+    reqs = pod_requests(obj["spec"])
+    assert reqs["cpu"] == 8250 and reqs["memory"] == (9 * 2**30 + 120 * 2**20) * 1000
+    assert reqs["nvidia.com/gpu"] == 2000
+
+
+def test_every_requested_resource_counts_against_allocatable_minus_bound_pods() -> None:
+    n = node("n")  # 64 CPUs, 512Gi
+    big = with_spec("p", requests={"cpu": "40"})
+    assert nodefilter.reasons(big, n, NodeUsage()) == []
+    used = add_pod(NodeUsage(), with_spec("q", requests={"cpu": "30"}), "b")
+    assert nodefilter.reasons(big, node("n", replicas=2), used) == ["Insufficient cpu"]
+    odd = with_spec("r", requests={"example.com/fpga": "1"})
+    assert nodefilter.reasons(odd, n, NodeUsage()) == ["Insufficient example.com/fpga"]
+
+
+def test_required_node_affinity_and_host_ports_are_checked() -> None:
+    term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    p = with_spec("p", affinity=aff)
+    assert nodefilter.reasons(p, node("n"), NodeUsage()) == [nodefilter.SELECTOR]
+    zoned = node_view({**node_obj("n", "train"), "metadata": {"name": "n", "labels": {"zone": "a",
+                                                                                       "rollmux.io/pool": "train"}}})
+    assert nodefilter.reasons(p, zoned, NodeUsage()) == []
+    by_name = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n"]}]}]}}}
+    assert nodefilter.reasons(with_spec("p", affinity=by_name), node("n"), NodeUsage()) == [nodefilter.SELECTOR]
+    ports = {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 8080}]}]}
+    a, b = with_spec("a", **ports), with_spec("b", **ports)
+    assert nodefilter.reasons(b, node("n", replicas=2), add_pod(NodeUsage(), a, "x")) == [nodefilter.PORTS]
+
+
+def test_a_pod_asking_more_cpu_than_any_node_never_fits() -> None:
+    why = never_fits([(with_spec("p", requests={"cpu": "100", "memory": "1Gi"}), Pool.TRAIN)], NODES)
+    assert "requests 100 cpu but the largest train node allocates 64" in why
+    why = never_fits([(with_spec("p", requests={"memory": "1Ti"}), Pool.TRAIN)], NODES)
+    assert "requests 1024Gi memory but the largest train node allocates 512Gi" in why
+
+
+def test_a_renamed_shared_gpu_resource_and_a_custom_pool_label_come_from_the_conventions() -> None:
+    conv = Conventions(gpu_resource="nvidia.com/gpu.shared", pool_label="example.com/pool")
+    obj = pod_obj("p", "a", gpus=0)
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu.shared": "4"}}
+    obj["spec"]["nodeSelector"] = {"example.com/pool": "rollout"}
+    v = pod_view(obj, conv)
+    assert (v.gpus, v.pool) == (4, Pool.ROLLOUT)
+    n = node_obj("n", "x", gpus=0)
+    n["metadata"]["labels"] = {"example.com/pool": "rollout", "nvidia.com/gpu.replicas": "4"}
+    n["status"]["allocatable"]["nvidia.com/gpu.shared"] = "32"
+    nv = node_view(n, conv)
+    assert (nv.pool, nv.physical_gpus, nv.replicas) == (Pool.ROLLOUT, 8, 4)
+    assert nodefilter.reasons(v, nv, NodeUsage()) == []
+
+
+# ---------------------------------------------------------------------------------------- siblings, refusals
+def test_a_bound_sibling_counts_in_the_jobs_share_of_its_node() -> None:
+    """Replacements of a time-sliced job never stack past its physical GPUs on one node."""
+    nodes = {"t0": node("t0", replicas=4), "t1": node("t1", replicas=4)}
+    sib = pod_obj("a-0", "a", uid="uid-a-0")
+    sib["spec"]["nodeName"] = "t0"
+    sibling = pod_view(sib)
+    used = {"t0": add_pod(NodeUsage(), sibling, "a")}
+    pools = [(sibling, Pool.TRAIN), (pod("a-1"), Pool.TRAIN)]
+    d = assign("a", pools, {Pool.TRAIN: ("t0", "t1")}, nodes, used, explain="x")
+    assert [(b.pod.name, b.node) for b in d.bindings] == [("a-1", "t1")]
+    d = assign("a", pools, {Pool.TRAIN: ("t0",)}, nodes, used, explain="x")
+    assert not d.bound and "Insufficient nvidia.com/gpu" in d.message
+
+
+def test_refused_nodes_are_the_ones_no_pod_may_use_whatever_they_hold() -> None:
+    nodes = {"t0": node("t0", unschedulable=True), "t1": node("t1"), "r0": node("r0", "rollout", ready=False)}
+    pools = [(pod("a-0"), Pool.TRAIN), (pod("a-1"), Pool.ROLLOUT)]
+    got = refusals(pools, {Pool.TRAIN: ("t0", "t1"), Pool.ROLLOUT: ("r0", "r9")}, nodes)
+    assert {(r.node, r.reasons) for r in got} == {("t0", (nodefilter.UNSCHEDULABLE,)), ("r0", (nodefilter.NOT_READY,)),
+                                                  ("r9", (nodefilter.UNKNOWN,))}
+
+
+# ---------------------------------------------------------------------------------------- groups, order
+def test_a_podgroup_sizes_the_gang_and_names_the_job() -> None:
+    labels = {"scheduling.x-k8s.io/pod-group": "raycluster-a"}
+    pods = [pod_view(pod_obj(f"w{i}", None, uid=f"u{i}", labels=labels)) for i in range(3)]
+    assert {p.job for p in pods} == {"raycluster-a"}
+    asked = []
+
+    def size(ns, owner):  # type: ignore[no-untyped-def]
+        asked.append(owner)
+        return owner_gang_size(owner.kind, {"spec": {"minMember": 3}})
+
+    g = build_gang("default", "raycluster-a", pods, size, name="default.raycluster-a")
+    assert g.complete and g.size == 3 and g.qualified == "default.raycluster-a"
+    assert asked[0].kind == "PodGroup" and asked[0].name == "raycluster-a"
+
+
+def test_gangs_go_by_priority_then_age() -> None:
+    def p(name: str, prio: int, created: str):  # type: ignore[no-untyped-def]
+        obj = pod_obj(name, name)
+        obj["spec"]["priority"] = prio
+        obj["metadata"]["creationTimestamp"] = created
+        return pod_view(obj)
+
+    gangs = {"old": [p("old", 0, "2024-01-01T00:00:00Z")], "new": [p("new", 0, "2024-01-02T00:00:00Z")],
+             "urgent": [p("urgent", 100, "2024-01-03T00:00:00Z")]}
+    assert sorted(gangs, key=lambda k: order_key(gangs[k])) == ["urgent", "old", "new"]
+
+
+def test_gated_pods_are_seen_and_waiting_reasons_do_not_read_as_missing_capacity() -> None:
+    obj = pod_obj("p", "a")
+    obj["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    assert pod_view(obj).gates == ("kueue.x-k8s.io/admission",)
+    assert condition_reason(Code.GATED) == "SchedulingGated"
+    assert condition_reason(Code.UNSCHEDULABLE) == "Unschedulable"
+    for code in (Code.QUEUED, Code.INCOMPLETE, Code.BIND_FAILED, Code.COORDINATOR):
+        assert condition_reason(code) == "WaitingForGang"
+
+
+def test_a_jobs_name_at_the_coordinator_is_qualified_by_its_namespace() -> None:
+    conv = Conventions()
+    assert conv.qualified("team-a", "train7b") != conv.qualified("team-b", "train7b")
+    ann = {"rollmux.io/gang-size": "2"}
+    g = build_gang("team-a", "a", [pod("a-0", pool="rollout", annotations=ann),
+                                   pod("a-1", pool="train", annotations=ann)], no_owner,
+                   name=conv.qualified("team-a", "a"))
+    assert gang_spec(g).spec.name == "team-a.a"
+
+
+def test_a_relist_is_swapped_in_whole_and_keeps_a_binding_the_list_does_not_show_yet() -> None:
+    cache = ClusterCache()
+    a, b = pod_obj("a", "a", uid="ua"), pod_obj("b", "b", uid="ub")
+    cache.replace_pods([a, b])
+    cache.assume(cache.pods["ua"], "t0")  # bound by the scheduler; the list below predates it
+    seen: list[int] = []
+    real_lock = cache._lock
+
+    class Spy:
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            real_lock.__enter__()
+            seen.append(len(cache.pods))
+
+        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+            return real_lock.__exit__(*exc)
+
+    cache._lock = Spy()  # type: ignore[assignment]
+    cache.replace_pods([a, pod_obj("c", "c", uid="uc")])
+    assert seen == [2]  # one swap under the lock, never a half-filled map
+    assert {u: p.node_name for u, p in cache.pods.items()} == {"ua": "t0", "uc": ""}
+
+
+def test_a_jobs_own_pods_on_a_time_sliced_node_are_its_own_under_its_qualified_name() -> None:
+    n = node("t0", replicas=2)
+    sib = pod_obj("a-0", "a", uid="uid-a-0", gpus=4)
+    sib["spec"]["nodeName"] = "t0"
+    used = add_pod(add_pod(NodeUsage(), pod_view(sib), "ns.a"), pod("b-0", "b", gpus=4), "ns.b")
+    d = assign("ns.a", [(pod_view(sib), Pool.TRAIN), (pod("a-1", gpus=4), Pool.TRAIN)], {Pool.TRAIN: ("t0",)},
+               {"t0": n}, {"t0": used}, explain="x")
+    assert [(b.pod.name, b.node) for b in d.bindings] == [("a-1", "t0")]  # two jobs there, one of them its own
+
+
+def test_the_token_file_is_read_again_when_it_rotates(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "token"
+    f.write_text("first\n")
+    kube = KubeClient(KubeConfig(server="https://127.0.0.1:1", token_file=str(f)))
+    assert kube.token() == "first" and kube._headers()["Authorization"] == "Bearer first"
+    f.write_text("second\n")  # the kubelet rotates a bound token by replacing the file
+    os.utime(f, ns=(1, 10**18))
+    assert kube.token() == "second"

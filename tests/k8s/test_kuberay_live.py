@@ -68,7 +68,7 @@ def test_the_rayjob_examples_pods_are_one_gang_sized_by_their_raycluster(env: En
     env.create_pod(pods[-1])
     got = wait_for("the gang bound", lambda: bound(env, name))
     assert len(got) == 3
-    info = next(j for j in env.client.cluster_state().jobs if j.job == name)
+    info = next(j for j in env.client.cluster_state().jobs if j.job == env.qualified(name))
     for pod in pods:
         pool = pod["metadata"]["labels"][POOL_LABEL]
         placed = info.rollout_nodes if pool == "rollout" else info.train_nodes

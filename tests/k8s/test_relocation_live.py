@@ -20,14 +20,15 @@ ANN = {"rollmux.io/rollout-gpus": "8", "rollmux.io/train-gpus": "8", "rollmux.io
        "rollmux.io/t-roll-s": "10", "rollmux.io/t-train-s": "10"}
 
 
-def spec(job: str) -> JobSpec:
-    """The spec a job's driver derives from its config: the one its pods' annotations state."""
-    return JobSpec(name=job, n_rollout_gpus=8, n_train_gpus=8, slo=1.5, t_roll_s=10.0, t_train_s=10.0)
+def spec(name: str) -> JobSpec:
+    """The spec a job's driver derives from its config: the one its pods' annotations state, under the
+    name the scheduler registered (``<namespace>.<job>``, ROLLMUX_JOB in the examples)."""
+    return JobSpec(name=name, n_rollout_gpus=8, n_train_gpus=8, slo=1.5, t_roll_s=10.0, t_train_s=10.0)
 
 
 def driver(env: Env, job: str) -> JobClient:
     """The job's driver attaching through the sidecar of one of the nodes its pods run on."""
-    return env.client.register_job(spec(job), relay_node=sorted(bound(env, job).values())[0])
+    return env.client.register_job(spec(env.qualified(job)), relay_node=sorted(bound(env, job).values())[0])
 
 
 def run_iteration(job: JobClient) -> None:
@@ -47,7 +48,7 @@ def test_a_directed_job_restarts_and_its_new_pods_bind_to_its_new_nodes(env: Env
                                            annotations=ANN))
         wait_for(f"{job} bound", lambda job=job: bound(env, job))
         drivers[job] = driver(env, job)
-    groups = {j.job: j.group_id for j in env.client.cluster_state().jobs}
+    groups = {j.job.split(".", 1)[1]: j.group_id for j in env.client.cluster_state().jobs}
     assert groups["a"] == groups["b"] != groups["c"]
     assert drivers["a"].status().relayed_by  # the driver took the registration over (new token)
 
@@ -55,9 +56,10 @@ def test_a_directed_job_restarts_and_its_new_pods_bind_to_its_new_nodes(env: Env
     drivers["a"].deregister()
     moved = wait_for("a directive", lambda: next((j for j in env.client.cluster_state().jobs
                                                   if j.relocation is not None), None))
-    old_pods = bound(env, moved.job)
+    moved_job = moved.job.split(".", 1)[1]  # <namespace>.<job>
+    old_pods = bound(env, moved_job)
     old_nodes = set(old_pods.values())
-    job = drivers[moved.job]
+    job = drivers[moved_job]
     run_iteration(job)  # the directed job reaches an iteration boundary
     relocation, _ = job.ack_relocation(moved.relocation.epoch)
     assert relocation.state is RelocationState.SWITCHED
@@ -68,7 +70,7 @@ def test_a_directed_job_restarts_and_its_new_pods_bind_to_its_new_nodes(env: Env
     for pod in old_pods:  # it exits 75; its controller replaces the pods
         env.kube.delete(f"/api/v1/namespaces/{env.ns}/pods/{pod}", gracePeriodSeconds=0)
     got = wait_for("the new pods bound",  # the whole gang again, no old pod among it
-                   lambda: (b := bound(env, moved.job)) and len(b) == len(old_pods) and not set(b) & set(old_pods)
+                   lambda: (b := bound(env, moved_job)) and len(b) == len(old_pods) and not set(b) & set(old_pods)
                    and b, timeout_s=30)
     assert set(got.values()) == new_nodes
     rollout_pod = next(p for p, n in got.items() if n in info.rollout_nodes)

@@ -32,13 +32,13 @@ def bound(env: Env, job: str) -> dict[str, str]:
 
 
 def placement(env: Env, job: str) -> dict[str, str]:
-    info = next(j for j in env.client.cluster_state().jobs if j.job == job)
+    info = next(j for j in env.client.cluster_state().jobs if j.job == env.qualified(job))
     assert len(info.rollout_nodes) == len(info.train_nodes) == 1
     return {f"{job}-rollout": info.rollout_nodes[0], f"{job}-train": info.train_nodes[0]}
 
 
 def group_of(env: Env, job: str) -> str:
-    return next(j.group_id for j in env.client.cluster_state().jobs if j.job == job)
+    return next(j.group_id for j in env.client.cluster_state().jobs if j.job == env.qualified(job))
 
 
 def condition(pod: dict[str, Any]) -> dict[str, Any]:
@@ -64,11 +64,11 @@ def test_gangs_bind_where_the_coordinator_places_them_and_a_gang_that_does_not_f
     assert waiting[0]["type"] == "Warning"
     assert waiting[0]["message"].startswith("waiting: position 1 in the coordinator's admission queue")
     cond = wait_for("d's condition", lambda: condition(env.kube.get(f"/api/v1/namespaces/{env.ns}/pods/d-train")))
-    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert (cond["status"], cond["reason"]) == ("False", "WaitingForGang")  # queued: no node is missing
     assert not any(p["spec"].get("nodeName") for p in env.pods("d"))
     before_c = bound(env, "c")
 
-    env.client.remove_job("c")  # C leaves: its controller deletes its pods
+    env.client.remove_job(env.qualified("c"))  # C leaves: its controller deletes its pods
     for pod in ("c-rollout", "c-train"):
         env.kube.delete(f"/api/v1/namespaces/{env.ns}/pods/{pod}", gracePeriodSeconds=0)
     got = wait_for("d bound", lambda: bound(env, "d"))

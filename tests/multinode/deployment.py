@@ -18,7 +18,7 @@ from typing import Any
 
 from raynodes import RayNode, RayNodes
 
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.testing.chaos.procs import CoordinatorProcess, RedisProcess, SidecarProcess
 
 SECRET = "multinode-bootstrap-secret"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raynodes import AUTH
 
-from rollmux.sidecar import env
+from rollmux.shim import env
 from tests.adapters.roll.testbed import HARNESS, ROLL_VENV, Job, launch
 
 RAY_BIN = str(ROLL_VENV / "bin" / "ray")

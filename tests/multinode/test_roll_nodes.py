@@ -28,7 +28,7 @@ from raynodes import LABEL
 from roll_nodes import HEAD_CPUS, RAY_BIN, raylet_env, start_job
 
 from rollmux.adapters.common import env as adapter_env
-from rollmux.sidecar import env
+from rollmux.shim import env
 from tests.adapters.roll.testbed import build_assets, metric_mismatches, roll_unavailable
 
 _reason = roll_unavailable()

@@ -46,7 +46,7 @@ from verl_nodes import (
 )
 
 from rollmux.adapters.common import env as adapter_env
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -25,7 +25,7 @@ if str(HARNESS) not in sys.path:
 from job import REPO, VerlJob  # noqa: E402
 from raynodes import AUTH  # noqa: E402
 
-from rollmux.sidecar import env  # noqa: E402
+from rollmux.shim import env  # noqa: E402
 
 _REPLACED = ("trainer.nnodes=", "trainer.n_gpus_per_node=", "+ray_kwargs.ray_init.num_gpus=",
              "ray_kwargs.ray_init.num_cpus=", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=",

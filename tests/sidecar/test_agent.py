@@ -15,7 +15,7 @@ from rollmux.core.model import Phase, Pool
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.wire import convert
 from rollmux.wire.client import CoordinatorClient
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollmux.core.model import JobSpec, Pool
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.wire.client import CoordinatorClient
 
 from .conftest import run_python
@@ -53,7 +53,7 @@ def test_a_disaggregated_job_rank_on_the_training_node_follows_the_rollout(coord
 
 
 def test_an_unknown_deployment_mode_is_refused_naming_the_variable(tmp_path: Path) -> None:
-    code = ("import rollmux\nfrom rollmux.sidecar.api import ShimConfigError\n"
+    code = ("import rollmux\nfrom rollmux.wire.errors import ShimConfigError\n"
             "try:\n    rollmux.init()\nexcept ShimConfigError as e:\n    print(e)\nelse:\n    raise SystemExit(3)\n")
     sock = tmp_path / "s.sock"
     sock.touch()

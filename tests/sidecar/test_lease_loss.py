@@ -15,14 +15,14 @@ import time
 import pytest
 
 from rollmux.core.model import Phase, Pool
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.wire.client import CoordinatorClient
 
 from .conftest import REPO, register
 
 SHIM = r"""
 import sys, time, rollmux
-from rollmux.sidecar.api import LeaseLostError
+from rollmux.wire.errors import LeaseLostError
 rollmux.init()
 try:
     with rollmux.phase("rollout", iteration=0) as ctx:

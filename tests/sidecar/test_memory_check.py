@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollmux.core.model import Pool
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.sidecar.agent import AgentConfig
 from rollmux.sidecar.gpu import (
     CUDA_CONTEXT_BYTES,

@@ -12,13 +12,14 @@ import pytest
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.coordinator.service.server import ServerOptions, ThreadedServer
 from rollmux.core.model import ClusterSpec, JobSpec, Pool
-from rollmux.sidecar import env, registration, shim
+from rollmux.shim import api as shim
+from rollmux.shim import env, registration
 from rollmux.sidecar.agent import AgentConfig, NodeAgent
-from rollmux.sidecar.api import ShimConfigError, SidecarUnreachableError
 from rollmux.sidecar.gpu import NoGpuProvider
 from rollmux.sidecar.server import serve
 from rollmux.wire import auth
 from rollmux.wire.client import CoordinatorClient, NodeSession
+from rollmux.wire.errors import ShimConfigError, SidecarUnreachableError
 
 from .conftest import run_python
 
@@ -128,7 +129,7 @@ def test_sidecar_without_node_token_cannot_relay(secured, sockdir: Path) -> None
                                 token=auth.node_token(SECRET, "r9"))
     side = Sidecar(srv, str(sockdir / "r9.sock"), "r9", token="not-the-node-token")
     try:
-        with pytest.raises(registration.RegistrationError, match="PERMISSION_DENIED"):
+        with pytest.raises(registration.JobRegistrationError, match="PERMISSION_DENIED"):
             shim.register(spec("relayed-d"), socket=side.socket)
         assert "relayed-d" not in {j.job for j in operator(srv).cluster_state().jobs}
     finally:
@@ -140,7 +141,7 @@ def test_operator_can_turn_relayed_registration_off(sockdir: Path) -> None:
     side = Sidecar(srv, str(sockdir / "r0.sock"), token=auth.node_token(SECRET, "r0"))
     try:
         assert side.agent.wait_connected(30)
-        with pytest.raises(registration.RegistrationError, match="no-relayed-registration"):
+        with pytest.raises(registration.JobRegistrationError, match="no-relayed-registration"):
             shim.register(spec("relayed-e"), socket=side.socket)
         assert not operator(srv).cluster_state().jobs
         assert operator(srv).register_job(spec("direct-e")).token  # the operator path still works
@@ -153,7 +154,7 @@ def test_refused_spec_names_the_field(secured) -> None:  # type: ignore[no-untyp
     _, side = secured
     bad = JobSpec(name="relayed-f", n_rollout_gpus=1, n_train_gpus=1, t_roll_s=1.0, t_train_s=1.0, slo=3.0,
                   rollout_state_bytes=1 << 45)  # over a node's 2 TB of host DRAM
-    with pytest.raises(registration.RegistrationError, match="rollout_state_bytes"):
+    with pytest.raises(registration.JobRegistrationError, match="rollout_state_bytes"):
         shim.register(bad, socket=side.socket)
 
 

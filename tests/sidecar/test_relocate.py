@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rollmux.core.model import JobSpec, Pool, RelocationState
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.sidecar.gpu import host_dram_bytes
 from rollmux.wire.client import CoordinatorClient
 

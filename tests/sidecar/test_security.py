@@ -1,4 +1,4 @@
-"""Regressions of issue 11 at the sidecar socket, with a real coordinator, a real sidecar and real
+"""Hardening at the sidecar socket, with a real coordinator, a real sidecar and real
 processes: another local process cannot end or drive a job's ranks, rank ids are unguessable, and
 peers are checked with SO_PEERCRED."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 from .conftest import run_python
 
@@ -52,7 +52,7 @@ def test_without_opt_in_everything_is_a_no_op() -> None:
 def test_opted_in_without_sidecar_fails_fast_naming_the_socket(tmp_path: Path) -> None:
     missing = tmp_path / "nope.sock"
     code = ("import rollmux\n"
-            "from rollmux.sidecar.api import SidecarUnreachableError\n"
+            "from rollmux.wire.errors import SidecarUnreachableError\n"
             "try:\n    rollmux.init()\nexcept SidecarUnreachableError as e:\n    print(e)\nelse:\n    raise SystemExit(3)\n")
     res = run_python(code, {env.SIDECAR_SOCKET: str(missing), env.JOB: "j", env.JOB_TOKEN: "t"})
     assert res.returncode == 0, res.stderr
@@ -67,7 +67,7 @@ def test_stale_socket_file_fails_fast(tmp_path: Path) -> None:
     s.bind(path)  # bound, never listening: connection refused
     try:
         code = ("import rollmux\n"
-                "from rollmux.sidecar.api import SidecarUnreachableError\n"
+                "from rollmux.wire.errors import SidecarUnreachableError\n"
                 "try:\n    rollmux.init(connect_timeout_s=1.0)\nexcept SidecarUnreachableError as e:\n    print(e)\n"
                 "else:\n    raise SystemExit(3)\n")
         res = run_python(code, {env.SIDECAR_SOCKET: path, env.JOB: "j", env.JOB_TOKEN: "t"})
@@ -78,7 +78,7 @@ def test_stale_socket_file_fails_fast(tmp_path: Path) -> None:
 
 
 def test_opted_in_without_job_token_names_the_variables(tmp_path: Path) -> None:
-    code = ("import rollmux\nfrom rollmux.sidecar.api import ShimConfigError\n"
+    code = ("import rollmux\nfrom rollmux.wire.errors import ShimConfigError\n"
             "try:\n    rollmux.init()\nexcept ShimConfigError as e:\n    print(e)\nelse:\n    raise SystemExit(3)\n")
     res = run_python(code, {env.SIDECAR_SOCKET: str(tmp_path / "x.sock")})
     assert res.returncode == 0, res.stderr

@@ -8,9 +8,10 @@ any transition, and transitions are decided before they are applied).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
+from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.migration import MigrationRule
 from rollmux.core import lifecycle
 from rollmux.core.errors import RollMuxError
@@ -109,28 +110,11 @@ class ServiceConfig:
     max_name_len: int = 128  # longest job or node name accepted
     max_nvml_entries: int = 64  # most NVML facts one node may report
     max_request_bytes: int = 1 << 20  # largest request accepted (INVALID_ARGUMENT naming the biggest field)
-    # Choose each job's deployment mode (co-located on training- or rollout-pool GPUs where cheaper,
-    # docs/policy.md); off: every job a disaggregated group member, as the fleet's two pools expect.
-    deployment_modes: bool = False
     max_nodes_per_job: int = 1024  # most nodes one job may ask for in either pool (more is refused)
     relayed_registration: bool = True  # accept RegisterJob relayed by a node's sidecar with its node token
-    # Learned phase times: measured iterations (released durations) update each job's profile, and
-    # admission and SLO checks use them once confident (policy.learning); off: worst-case times only.
-    learning: bool = True
-    # Regrouping: on a departure, relocate a job to another group when the policy finds the move
-    # worth it (policy.regroup), as a directive the job honours at an iteration boundary.
-    regroup: bool = True
-    # Work-aware joins (PolicyConfig.work_aware, as in the simulator): a join that costs more $ per
-    # unit of work than the job alone is refused; where the fleet has no free nodes for the job
-    # alone, admission falls back to the join (runtime.admission). Off: the cheapest join in $/h.
-    work_aware: bool = True
-    # Best move (PolicyConfig.best_move, as in the simulator): regrouping takes whichever of a single
-    # move, pair merge or pool merge saves the most $; a merge is one directive per moving job
-    # (runtime.relocation). Off: the first of the three, in that order, that pays.
-    best_move: bool = True
-    # Regroup on learning events (PolicyConfig.regroup_on_learn, as in the simulator): when a member's
-    # phase times become learned, look for moves for its group's members, as after a departure.
-    regroup_on_learn: bool = True
+    # The placement policy's knobs (`PolicyConfig.live` by default: deployment modes opt-in, learned
+    # phase times, regrouping as directives, work-aware joins, best moves, regrouping on learning).
+    policy: PolicyConfig = field(default_factory=PolicyConfig.live)
     relocation_deadline_s: float = 120.0  # a job that has not switched by then keeps its place
     relocation_horizon_s: float = 3600.0  # remaining run assumed for a job when weighing a move
 
@@ -166,7 +150,7 @@ class ServiceConfig:
 # ----------------------------------------------------------------------------------------------
 
 
-class IllegalTransitionError(lifecycle.IllegalTransitionError):
+class CoordinatorTransitionError(lifecycle.IllegalTransitionError):
     """A state machine was asked for an edge its transition table does not allow (a bug)."""
 
 

@@ -351,6 +351,6 @@ class Runtime:
 
 def resolved_spec(spec: JobSpec, cluster: ClusterSpec) -> JobSpec:
     """Fill missing times and state sizes with the profiler's estimates."""
-    from rollmux.coordinator.profiler import resolve
+    from rollmux.coordinator.policy.profiler import resolve
 
     return resolve(spec, cluster)

@@ -12,7 +12,7 @@ Owns: `meta` (through `next_epoch` and `next_seq`), the change set and the notic
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
@@ -25,26 +25,9 @@ Clock = Callable[[], float]
 
 
 def live_policy_config(config: ServiceConfig, *, max_group_size: int = 5) -> PolicyConfig:
-    """The placement knobs a live coordinator runs with.
-
-    Deployment modes follow `ServiceConfig.deployment_modes` (off by default); learned phase times
-    `ServiceConfig.learning` (the runtime feeds the learner from released durations,
-    `runtime.learning`) and regrouping `ServiceConfig.regroup` (moves become relocation
-    directives, `runtime.relocation`; also on learning events unless `ServiceConfig.regroup_on_learn`
-    is off); work-aware joins `ServiceConfig.work_aware` (on: admission falls
-    back to the join where the fleet has no free nodes for the job alone, `runtime.admission`) and
-    best moves `ServiceConfig.best_move` (merges become one directive per moving job).
-    Every other knob is `PolicyConfig`'s default, as in the simulator, but `merge_candidates`: a merge
-    search prices at most LIVE_MERGE_CANDIDATES other lone jobs (the simulator prices all).
-    """
-    return PolicyConfig(max_group_size=max_group_size, modes=config.deployment_modes, learn=config.learning,
-                        regroup=config.regroup, work_aware=config.work_aware, best_move=config.best_move,
-                        regroup_on_learn=config.regroup_on_learn, merge_candidates=LIVE_MERGE_CANDIDATES)
-
-
-LIVE_MERGE_CANDIDATES = 16
-"""Other lone jobs one merge search of the live coordinator prices exactly (`PolicyConfig.merge_candidates`):
-~3 ms at 0.2 ms each, where all 2,000 lone groups took ~400 ms of the event loop."""
+    """The placement knobs a live coordinator runs with: `ServiceConfig.policy` (`PolicyConfig.live`
+    unless the operator switched a mechanism), with the server's group size."""
+    return replace(config.policy, max_group_size=max_group_size)
 
 
 class NoticeKind(str, Enum):

@@ -10,7 +10,12 @@ from __future__ import annotations
 from enum import Enum
 from typing import TypeVar
 
-from rollmux.coordinator.service.runtime.api import IllegalTransitionError, JobState, NodeState, PermitState
+from rollmux.coordinator.service.runtime.api import (
+    CoordinatorTransitionError,
+    JobState,
+    NodeState,
+    PermitState,
+)
 from rollmux.core import lifecycle
 from rollmux.core.model import RelocationState
 
@@ -84,14 +89,14 @@ HISTORY_LIMIT = lifecycle.HISTORY_LIMIT
 
 
 def check_transition(table: dict[S, frozenset[S]], current: S, new: S, what: str) -> None:
-    """Raise `IllegalTransitionError` unless `current -> new` is an edge of `table`."""
-    lifecycle.check_transition(table, current, new, what, error=IllegalTransitionError)
+    """Raise `CoordinatorTransitionError` unless `current -> new` is an edge of `table`."""
+    lifecycle.check_transition(table, current, new, what, error=CoordinatorTransitionError)
 
 
 def transition(record: object, table: dict[S, frozenset[S]], new: S, *, now: float, reason: str) -> None:
     """Move `record.state` to `new` through `table`, recording (from, to, time, reason).
 
     Raises:
-        IllegalTransitionError: the edge is not in the table; the record is unchanged.
+        CoordinatorTransitionError: the edge is not in the table; the record is unchanged.
     """
-    lifecycle.transition(record, table, new, now=now, reason=reason, error=IllegalTransitionError)
+    lifecycle.transition(record, table, new, now=now, reason=reason, error=CoordinatorTransitionError)

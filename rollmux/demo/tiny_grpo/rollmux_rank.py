@@ -12,8 +12,8 @@ set (plus ``ROLLMUX_JOB`` / ``ROLLMUX_JOB_TOKEN``) the phases are gated through 
   ``Rollout(i) -> Train(i) -> Sync(i)``, so the job's sync at iteration ``i`` is ``Sync(i - 1)`` and
   the very first one (initial weights, identical on both sides) runs ungated.
 * The policy returned by ``build_policy`` is registered with ``rollmux.register_state`` (offloaded
-  between phases). The trainer's Adam state stays resident: ``job.py`` builds it inside
-  ``trainer_main``, out of this launcher's reach.
+  between phases). The trainer's Adam state stays resident (``job.py`` builds it inside
+  ``trainer_main``) unless ``--register-optimizer`` registers it as well.
 * Relocation: before each gated phase the hook honours a pending regrouping directive
   (``rollmux.relocate``): the rollout rank at its iteration boundary (before its Rollout), the
   trainer following once the coordinator switched the job. Each rank checkpoints its policy and
@@ -113,6 +113,18 @@ def phase_hook(name: str) -> AbstractContextManager[Any]:
     return _keeping_memory(rollmux.phase(name, iteration=n), name, n)
 
 
+def _register_adam(torch: Any, rollmux: Any) -> None:
+    """Every ``torch.optim.Adam`` this process builds registers itself (``trainer_main`` builds one)."""
+    base = torch.optim.Adam
+
+    class RegisteredAdam(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            rollmux.register_state(self, name="optimizer")
+
+    torch.optim.Adam = RegisteredAdam
+
+
 def _parser() -> argparse.ArgumentParser:
     from rollmux.demo.tiny_grpo.job import JobConfig
 
@@ -127,6 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hold-at", default="", help="PHASE:ITERATION whose end leaves --hold-mib held (e.g. train:1)")
     p.add_argument("--gpu-memory-standin", default="",
                    help="no GPU: write the bytes held outside the state cache to DIR/<pid> (the sidecar's stand-in)")
+    p.add_argument("--register-optimizer", action="store_true",
+                   help="also register the trainer's Adam with rollmux.register_state, so its state is offloaded too")
     for f in dataclasses.fields(JobConfig):
         if f.name == "phase_hook":
             continue
@@ -170,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             return policy
 
         job.build_policy = build_and_register  # the loops call it once, first thing
+        if args.register_optimizer:
+            _register_adam(torch, rollmux)
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=2)
     hook = job.resolve_phase_hook(cfg.phase_hook)

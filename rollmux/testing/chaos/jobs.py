@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.testing.chaos.deployment import Deployment
 
 

@@ -42,8 +42,8 @@ class EventLog:
 
 def run_shim(args: argparse.Namespace) -> int:
     import rollmux
-    from rollmux.sidecar import env
-    from rollmux.sidecar.api import LeaseLostError
+    from rollmux.shim import env
+    from rollmux.wire.errors import LeaseLostError
 
     rollmux.init(rank=0 if args.role == "train" else 1)
     log = EventLog(args.log, os.environ[env.JOB], args.role)
@@ -70,7 +70,7 @@ def run_shim(args: argparse.Namespace) -> int:
 
 
 def run_direct(args: argparse.Namespace) -> int:
-    from rollmux.sidecar import env
+    from rollmux.shim import env
     from rollmux.wire.client import CoordinatorClient
 
     client = CoordinatorClient(args.coordinator.split(","), retry_s=60.0)

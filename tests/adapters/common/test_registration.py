@@ -118,8 +118,8 @@ def _spec(name: str):  # type: ignore[no-untyped-def]
 
 
 def test_register_relays_through_the_sidecar_without_any_token(secured_cluster, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from rollmux.sidecar import registration as sidecar_registration
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
+    from rollmux.shim import registration as sidecar_registration
 
     monkeypatch.delenv("ROLLMUX_JOB_TOKEN", raising=False)
     monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", secured_cluster.sockets["train"])
@@ -141,11 +141,11 @@ def test_register_relays_through_the_sidecar_without_any_token(secured_cluster, 
 
 def test_register_refused_names_the_reason_and_an_operator_token_is_used_as_is(secured_cluster,
                                                                                monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from rollmux.sidecar.registration import RegistrationError
+    from rollmux.shim.registration import JobRegistrationError
 
     monkeypatch.delenv("ROLLMUX_JOB_TOKEN", raising=False)
     monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", secured_cluster.sockets["train"])
-    with pytest.raises(RegistrationError, match="not registered"):
+    with pytest.raises(JobRegistrationError, match="not registered"):
         reg.register(_spec("bad name with spaces"))
     monkeypatch.setenv("ROLLMUX_JOB", "by-operator")
     monkeypatch.setenv("ROLLMUX_JOB_TOKEN", "operator-issued")

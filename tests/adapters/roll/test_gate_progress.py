@@ -14,7 +14,8 @@ import pytest
 
 from rollmux.adapters.roll.gate import PoolGate
 from rollmux.core.model import Lease, Phase
-from rollmux.sidecar import env, shim
+from rollmux.shim import api as shim
+from rollmux.shim import env
 
 
 @dataclass

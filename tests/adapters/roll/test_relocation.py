@@ -1,5 +1,5 @@
 """A real ROLL RLVR job relocated between groups by the real service (Redis-backed coordinator, four real
-sidecars: two per pool), through ROLL's own checkpoint and resume (docs/roll.md, "Relocation").
+sidecars: two per pool), through ROLL's own checkpoint and resume (docs/how-to/run-roll.md, "Relocation").
 
 As in the veRL adapter's test: A and B (registered from here, disaggregated) cannot share a training
 node (their training state fills its host DRAM), so B opens g1; C, the ROLL job (actor_infer co-located
@@ -31,7 +31,7 @@ import pytest
 from rollmux.adapters.common.relocation import EXIT_RELOCATED, MARKER, read_marker
 from rollmux.coordinator.service.redis_store import RedisStore
 from rollmux.core.model import Deployment, JobSpec, Phase, Pool
-from rollmux.sidecar import env
+from rollmux.shim import env
 from rollmux.sidecar.gpu import host_dram_bytes
 
 from .testbed import Pools, build_assets, launch, phase_records, roll_unavailable, wait_built

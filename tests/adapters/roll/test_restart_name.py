@@ -1,4 +1,4 @@
-"""Which name a restarted ROLL driver registers under (docs/roll.md, "Relocation"): the marker's, for a
+"""Which name a restarted ROLL driver registers under (docs/how-to/run-roll.md, "Relocation"): the marker's, for a
 relocated self-registered job only. CPU, no ROLL import."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from rollmux.adapters.common.relocation import MARKER, write_marker
 from rollmux.adapters.roll.relocation import marker_path, restart_name
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 STAMP = "20261206-142500"
 """ROLL's per-run folder below ``output_dir`` (its start time): the marker sits above it."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.core.ports import free_port
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

@@ -113,7 +113,7 @@ def test_the_worker_empties_its_device_cache_after_each_move_to_the_host(tmp_pat
     from rollmux.adapters.common import Patcher, is_patched
     from rollmux.adapters.common.registration import opted_in
     from rollmux.adapters.verl import targets
-    from rollmux.sidecar import env
+    from rollmux.shim import env
 
     events = tmp_path / "events.jsonl"
     monkeypatch.setenv(env.EVENT_LOG, str(events))

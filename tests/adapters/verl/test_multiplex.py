@@ -21,7 +21,7 @@ import scenario  # noqa: E402
 from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
 
 from rollmux.demo.report import order_violations, overlaps, spans  # noqa: E402
-from rollmux.sidecar import env  # noqa: E402
+from rollmux.shim import env  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 KEYS = ("actor/pg_loss", "critic/score/mean", "training/rollout_probs_diff_max")

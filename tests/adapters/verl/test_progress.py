@@ -14,7 +14,7 @@ import pytest
 from rollmux.adapters.common import PhaseTracker
 from rollmux.adapters.verl.runner import Runner
 from rollmux.core.model import Lease, Migration, Phase
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 
 @dataclass

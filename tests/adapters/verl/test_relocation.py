@@ -1,5 +1,5 @@
 """A real veRL 0.9.1 GRPO job relocated between groups by the real service (Redis-backed coordinator,
-four real sidecars: two per pool), through veRL's own checkpoint and resume (docs/verl.md, "Relocation").
+four real sidecars: two per pool), through veRL's own checkpoint and resume (docs/how-to/run-verl.md, "Relocation").
 
 As in the tiny job's live test: A and B (driven from here, disaggregated) cannot share a training node
 (their training state fills its host DRAM), so B opens g1; C, the veRL job (hybrid engine: co-located on
@@ -24,7 +24,7 @@ from job import VerlJob, read_jsonl, step_metrics  # noqa: E402
 
 from rollmux.adapters.verl.relocation import EXIT_RELOCATED, MARKER, read_marker  # noqa: E402
 from rollmux.core.model import Deployment, JobSpec, Phase  # noqa: E402
-from rollmux.sidecar import env  # noqa: E402
+from rollmux.shim import env  # noqa: E402
 from rollmux.sidecar.gpu import host_dram_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

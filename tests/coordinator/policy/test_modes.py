@@ -247,3 +247,25 @@ def test_co_located_members_run_through_the_grant_step_as_the_slo_check_assumes(
                         if i.job == mixed[0].name and i.phase is Phase.ROLLOUT)
         assert (starts[-1] - starts[-21]) / 20 == pytest.approx(cycle_time(mixed), rel=1e-6)
         assert long.makespan_s > 0
+
+
+def _said_slowdowns(text: str) -> list[tuple[float, str, float]]:
+    import re
+
+    return [(float(a), op, float(b)) for a, op, b in re.findall(r"planned slowdown ([\d.]+) (<=|>) SLO ([\d.]+)", text)]
+
+
+@pytest.mark.parametrize(("mode", "slo"), [("colocated-train", 1.0), (None, 1.0), (None, 1.2)],
+                         ids=["fixed-colocated-too-slow", "any-mode-slo-1", "any-mode-slo-1.2"])
+def test_the_explanation_of_a_new_group_is_true(mode: str | None, slo: float) -> None:
+    """What `explain()` says of a lone placement holds: the comparison it prints is true, and the option it
+    placed the job in is not also among its rejections."""
+    job = JobSpec(name="a", n_rollout_gpus=8, n_train_gpus=8, slo=slo, t_roll_s=30, t_train_s=150,
+                  rollout_state_bytes=10**11, train_state_bytes=10**11, deployment=mode)
+    d = RollMuxPolicy().place(job, ClusterState())
+    said = _said_slowdowns(d.reason)
+    assert said, d.explain()
+    for a, op, b in said:
+        assert (a <= b) if op == "<=" else (a > b), d.explain()
+    chosen = f"{d.deployment.value} alone on"
+    assert not any(r.group_id == "new" and r.message.startswith(chosen) for r in d.rejections), d.explain()

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollmux.coordinator.policies import create_policy
 from rollmux.coordinator.policy import (
     ClusterState,
     PolicyConfig,
@@ -18,6 +17,7 @@ from rollmux.coordinator.policy import (
 from rollmux.coordinator.policy.api import UnknownPolicyError
 from rollmux.coordinator.policy.intra_group import cycle_time
 from rollmux.coordinator.policy.placement import isolated_cost
+from rollmux.coordinator.policy.registry import create_policy
 from rollmux.core.model import TB, ClusterSpec, JobSpec
 from rollmux.testing.builders import make_job
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollmux.coordinator.profiler import resolve
+from rollmux.coordinator.policy.api import PolicyConfig
+from rollmux.coordinator.policy.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.core.model import ClusterSpec, JobSpec, Pool
@@ -28,7 +29,7 @@ def make_runtime(n_rollout: int = 4, n_train: int = 2, *, ttl: float = 10.0, hea
     """A runtime with connected nodes; heartbeats lapse only in tests that ask (`heartbeat_s`)."""
     clock = clock or FakeClock()
     rt = Runtime(ClusterSpec(), ServiceConfig(lease_ttl_s=ttl, heartbeat_interval_s=heartbeat_s,
-                                              deployment_modes=modes), clock=clock, wall=clock)
+                                              policy=PolicyConfig.live(modes=modes)), clock=clock, wall=clock)
     for i in range(n_rollout):
         rt.register_node(node_id=f"r{i}", pool=Pool.ROLLOUT, gpu_type="H20", gpu_count=8, host_dram_bytes=2 * TB,
                          nvml={})

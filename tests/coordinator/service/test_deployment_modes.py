@@ -70,3 +70,38 @@ def test_the_deployment_mode_survives_a_restart_in_the_records() -> None:
 def test_without_the_flag_every_job_is_disaggregated() -> None:
     rt, _ = make_runtime(n_rollout=1, n_train=1)
     assert register(rt, "a", t_roll_s=20, t_train_s=200, slo=1.3).deployment == "disaggregated"
+
+
+def test_the_job_view_and_the_wire_carry_the_chosen_mode() -> None:
+    """`rollmux status` and GetJob show the mode a job's phases are laid out by; "" before it is decided."""
+    from rollmux.coordinator.service.servicer import job_status
+    from rollmux.wire.convert import job_info_from_pb, job_info_to_pb
+
+    rt, _ = make_runtime(n_rollout=0, n_train=1, modes=True)
+    register(rt, "a", t_roll_s=20, t_train_s=200, slo=1.3)
+    info = job_status(rt, "a")
+    assert info.deployment == "colocated-train"
+    assert job_info_from_pb(job_info_to_pb(info)).deployment == "colocated-train"
+    waiting = register(rt, "b", nt=64, t_roll_s=20, t_train_s=200, slo=1.3)  # no node can take it yet
+    assert waiting.state.value == "pending" and job_status(rt, "b").deployment == ""
+
+
+def test_rollmux_status_prints_each_jobs_mode(client, coordinator, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`rollmux status` against a real coordinator: the jobs table and --json name a fixed mode."""
+    import argparse
+    import json
+    from dataclasses import replace
+
+    from rollmux.coordinator.service import status_cli
+
+    from .conftest import job_spec
+
+    client.register_job(replace(job_spec("hybrid"), deployment="colocated-train"))
+    monkeypatch.setenv("COLUMNS", "250")
+    args = argparse.Namespace(coordinator=coordinator.address, token=None, json=False, tls_ca=None, timeout=5.0)
+    assert status_cli.run(args) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "hybrid" in line and "│" in line]  # the jobs table
+    assert "colocated-train" in row
+    assert status_cli.run(argparse.Namespace(**{**vars(args), "json": True})) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["deployment"] == "colocated-train"

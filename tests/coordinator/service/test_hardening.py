@@ -1,4 +1,4 @@
-"""Regressions of issue 11 at the coordinator, against the real gRPC server (embedded store and Redis):
+"""Hardening at the coordinator, against the real gRPC server (embedded store and Redis):
 absurd numbers refused with INVALID_ARGUMENT and nothing stored, unexpected exceptions answered
 INTERNAL with a logged request id, and job calls authenticated before the job is looked up."""
 

@@ -1,4 +1,4 @@
-"""The live coordinator runs the simulator's policy (issue 14): work-aware joins on a fixed fleet,
+"""The live coordinator runs the simulator's policy: work-aware joins on a fixed fleet,
 best moves carried out as directives, regrouping on learning events.
 
 Against the real services where the decision goes over gRPC (a real redis-server and the threaded
@@ -11,7 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from rollmux.coordinator.profiler import resolve
+from rollmux.coordinator.policy.api import PolicyConfig
+from rollmux.coordinator.policy.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.core.model import ClusterSpec, JobSpec, Pool, RelocationState
@@ -44,7 +45,7 @@ def test_a_work_aware_refusal_goes_alone_where_nodes_are_free_and_joins_where_no
 
 
 def test_work_aware_off_takes_the_cheapest_join() -> None:
-    rt = Runtime(ClusterSpec(), ServiceConfig(work_aware=False), clock=(clock := FakeClock()), wall=clock)
+    rt = Runtime(ClusterSpec(), ServiceConfig(policy=PolicyConfig.live(work_aware=False)), clock=(clock := FakeClock()), wall=clock)
     add_nodes(rt, rollout=2, train=2, rollout_dram=int(1.5e9))
     for name in "ab":
         rt.register_job(resolve(stretching(name), ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
@@ -177,7 +178,7 @@ def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> 
 def test_a_learning_event_looks_for_moves_in_the_group(on: bool) -> None:
     # Planned at 100 + 300 s, A and B could not share; measured at 2 + 1 s they can. The iteration that
     # makes B's times learned (A's are already) is a learning event: B is directed into A's group.
-    rt = two_lone_jobs(config=ServiceConfig(regroup_on_learn=on))
+    rt = two_lone_jobs(config=ServiceConfig(policy=PolicyConfig.live(regroup_on_learn=on)))
     for _ in range(3):  # learn_min_samples
         to_boundary(rt, "A", (2.0, 0.5, 0.5))
     assert rt.placement.groups["g0"].members["A"].profile.learned and rt.relocations == {}
@@ -224,10 +225,10 @@ def test_a_member_its_learned_times_put_over_its_slo_is_rescued_whatever_it_cost
 def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     # Six lone jobs that could pool pairwise: unbounded, a merge search for F prices all five others;
     # the live coordinator's (merge_candidates) stops after its bound, and the move it finds still pays.
+    from rollmux.coordinator.policy import api as policy_api
     from rollmux.coordinator.policy import regroup
-    from rollmux.coordinator.service.runtime import state as state_mod
 
-    monkeypatch.setattr(state_mod, "LIVE_MERGE_CANDIDATES", 2)
+    monkeypatch.setattr(policy_api, "LIVE_MERGE_CANDIDATES", 2)
     rt = two_lone_jobs(n_train=6)
     add_nodes(rt, rollout=4, train=0, first_rollout=2)
     add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)
@@ -258,7 +259,7 @@ def test_jobs_pending_together_are_admitted_together(lookahead: int) -> None:
     from rollmux.coordinator.policy.optimum import optimal_partition
     from rollmux.coordinator.service.runtime.state import live_policy_config
 
-    config = ServiceConfig(deployment_modes=True)
+    config = ServiceConfig(policy=PolicyConfig.live(modes=True))
     policy = RollMuxPolicy(replace(live_policy_config(config), lookahead_jobs=lookahead))
     rt = Runtime(ClusterSpec(), config, clock=(clock := FakeClock()), wall=clock, policy=policy)
     specs = [resolve(JobSpec(name=name, n_rollout_gpus=32, n_train_gpus=32, t_roll_s=roll, t_train_s=train, slo=slo,

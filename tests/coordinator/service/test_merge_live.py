@@ -1,4 +1,4 @@
-"""Merges carried out by the live service (issue 14): a real redis-server, the real coordinator process
+"""Merges carried out by the live service: a real redis-server, the real coordinator process
 (`rollmux coordinator --redis`), real node streams, and two jobs driven from threads as a job loop
 drives them (a permit per phase, on-policy order, durations reported on release, directives honoured
 at iteration boundaries).

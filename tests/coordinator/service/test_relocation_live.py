@@ -183,7 +183,7 @@ def start_sidecars(procs, coord: Coordinator, sockdir: Path, workdir: Path) -> N
 
 def launch_tiny(procs, name: str, token: str, nodes: tuple[str, str], iterations: int, sockdir: Path,  # type: ignore[no-untyped-def]
                 workdir: Path) -> list[subprocess.Popen[bytes]]:
-    from rollmux.sidecar import env
+    from rollmux.shim import env
 
     init = f"tcp://127.0.0.1:{free_port()}"
     out = []

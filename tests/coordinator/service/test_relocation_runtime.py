@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from rollmux.coordinator.policy import RollMuxPolicy
-from rollmux.coordinator.profiler import resolve
+from rollmux.coordinator.policy.api import PolicyConfig
+from rollmux.coordinator.policy.profiler import resolve
 from rollmux.coordinator.service.runtime import Runtime
 from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime.state import live_policy_config
@@ -154,13 +155,13 @@ def test_a_restart_between_directive_and_ack_neither_loses_nor_repeats_the_move(
 
 
 def test_regrouping_off_issues_no_directive() -> None:
-    rt, _ = scenario(ServiceConfig(regroup=False))
+    rt, _ = scenario(ServiceConfig(policy=PolicyConfig.live(regroup=False)))
     rt.remove_job("A", reason="deregistered")
     assert rt.relocations == {} and set(rt.placement.groups) == {"g0", "g1"}
 
 
 def test_released_durations_teach_the_profile_and_survive_a_reload() -> None:
-    rt, clock = scenario(ServiceConfig(regroup=False))
+    rt, clock = scenario(ServiceConfig(policy=PolicyConfig.live(regroup=False)))
     assert not rt.placement.groups["g0"].members["C"].profile.learned
     rt.remove_job("A", reason="deregistered")
     for _ in range(5):  # five iterations of 2 s rollout and 3 s train + sync
@@ -179,7 +180,7 @@ def test_released_durations_teach_the_profile_and_survive_a_reload() -> None:
 
 
 def test_learning_off_keeps_the_worst_case() -> None:
-    rt, _ = scenario(replace(ServiceConfig(), learning=False))
+    rt, _ = scenario(ServiceConfig(policy=PolicyConfig.live(learn=False)))
     for _ in range(5):
         for _ in range(3):
             run_phase(rt, "B", 0.5)

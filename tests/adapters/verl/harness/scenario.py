@@ -19,7 +19,7 @@ from job import START_FILE, VerlJob
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.demo.launch import LocalCluster
-from rollmux.sidecar import env
+from rollmux.shim import env
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

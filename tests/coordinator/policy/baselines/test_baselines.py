@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.coordinator.policies import create_policy
 from rollmux.coordinator.policy.api import PolicyConfig, Strategy
 from rollmux.coordinator.policy.baselines import (
     MostIdlePolicy,
@@ -17,6 +16,7 @@ from rollmux.coordinator.policy.baselines import (
 from rollmux.coordinator.policy.baselines.dedicated import planned_iteration_s
 from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.coordinator.policy.placement import RollMuxPolicy
+from rollmux.coordinator.policy.registry import create_policy
 from rollmux.coordinator.policy.state import ClusterState
 from rollmux.core.model import ClusterSpec, Pool
 from rollmux.testing.builders import make_job

@@ -1,12 +1,14 @@
 """Placement policies by name: RollMux, the paper's baselines, and any a caller registers.
 
-The registry sits above the policies it names: it imports them, they never import it, so the
-policy package and its baselines form no import circle. The simulator, the benchmarks, `rollmux
-place` and the coordinator build a policy with `create_policy(name, config=..., seed=...)`.
+The built-ins are named as ``module:class`` and imported on first use, so the registry beside the
+policies imports none of them and the policy package and its baselines form no import circle. The
+simulator, the benchmarks, `rollmux place` and the coordinator build a policy with
+`create_policy(name, config=..., seed=...)`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from rollmux.coordinator.policy.api import PlacementPolicy, UnknownPolicyError
@@ -19,11 +21,19 @@ _REGISTERED: dict[str, Callable[..., PlacementPolicy]] = {}
 """Policies registered by callers (`register_policy`), beside the built-ins."""
 
 
-def _builtins() -> dict[str, Callable[..., PlacementPolicy]]:
-    from rollmux.coordinator.policy.baselines import MostIdlePolicy, OptPolicy, RandomPolicy, SoloDPolicy
-    from rollmux.coordinator.policy.placement import RollMuxPolicy
+_BUILTINS: tuple[str, ...] = (
+    "rollmux.coordinator.policy.placement:RollMuxPolicy",
+    "rollmux.coordinator.policy.baselines:SoloDPolicy",
+    "rollmux.coordinator.policy.baselines:RandomPolicy",
+    "rollmux.coordinator.policy.baselines:MostIdlePolicy",
+    "rollmux.coordinator.policy.baselines:OptPolicy",
+)
+"""The built-in policies, ``module:class`` (each class names itself in ``name``)."""
 
-    return {p.name: p for p in (RollMuxPolicy, SoloDPolicy, RandomPolicy, MostIdlePolicy, OptPolicy)}
+
+def _builtins() -> dict[str, Callable[..., PlacementPolicy]]:
+    classes = [getattr(importlib.import_module(module), cls) for module, _, cls in (p.partition(":") for p in _BUILTINS)]
+    return {p.name: p for p in classes}
 
 
 def register_policy(name: str, factory: Callable[..., PlacementPolicy]) -> None:

@@ -2,7 +2,7 @@
 
 Each switchable `PolicyConfig` mechanism gets one ``--no-<flag>`` switch with one help text;
 `rollmux simulate`, `rollmux coordinator` and the benchmarks add the ones they offer
-(docs/policy.md has what each mechanism buys).
+(docs/design/policy.md has what each mechanism buys).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ releases the GPU (``vllm/device_allocator/cumem.py``): ``sleep(level=1)`` offloa
 discards the KV cache, ``wake_up()`` maps the memory back at the same addresses (so CUDA graphs stay
 valid) and restores the weights. Level 2 discards the weights too and expects the trainer to push new
 ones after waking. This helper drives that API behind the same state machine as
-:class:`rollmux.sidecar.state_cache.StateCache` (``state_cache.TRANSITIONS``), with idempotent calls.
+:class:`rollmux.shim.state_cache.StateCache` (``state_cache.TRANSITIONS``), with idempotent calls.
 
 The engine must be built with sleep mode on: ``vllm.LLM(model, enable_sleep_mode=True)``. vLLM is
 imported lazily (only to report its version in errors), so the sidecar never imports it.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rollmux.sidecar.state_cache import CacheState, CopyStats, Lifecycle, StateCacheError, TransitionRecord
+from rollmux.shim.state_cache import CacheState, CopyStats, Lifecycle, LifecycleHolder, StateCacheError
 
 LEVEL_KEEPS_WEIGHTS = 1
 """vLLM sleep level that keeps a host copy of the weights (level 2 discards them)."""
@@ -40,7 +40,7 @@ def vllm_version() -> str | None:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
-class VllmSleep:
+class VllmSleep(LifecycleHolder):
     """Offload/reload a vLLM engine's GPU state with ``sleep(level)`` / ``wake_up(tags)``.
 
     Args:
@@ -75,29 +75,11 @@ class VllmSleep:
         self.job_id = job_id
         self._lifecycle = Lifecycle(f"vLLM sleep of job {job_id!r}", clock)
 
-    @property
-    def state(self) -> CacheState:
-        """The current state."""
-        return self._lifecycle.state
-
-    @property
-    def history(self) -> tuple[TransitionRecord, ...]:
-        """Every transition so far, oldest first."""
-        return tuple(self._lifecycle.history)
-
-    def transition(self, dst: CacheState, detail: str = "") -> None:
-        """Move to ``dst`` if ``state_cache.TRANSITIONS`` allows it.
-
-        Raises:
-            IllegalTransitionError: the edge is not in the table.
-        """
-        self._lifecycle.transition(dst, detail)
-
     def offload(self) -> CopyStats:
         """Put the engine to sleep (idempotent). Bytes are vLLM's business and reported as 0.
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.OFFLOADED:
             return CopyStats("offload", 0, 0.0, 0.0, 0, noop=True)
@@ -113,7 +95,7 @@ class VllmSleep:
         """Wake the whole engine up (idempotent).
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.RESIDENT:
             return CopyStats("reload", 0, 0.0, 0.0, 0, noop=True)
@@ -131,7 +113,7 @@ class VllmSleep:
         Keeps the weight update from competing with the KV cache for GPU memory.
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.RESIDENT:
             update_weights()

@@ -1,4 +1,4 @@
-"""Job registration through the node's sidecar: ``rollmux.sidecar.shim.register``.
+"""Job registration through the node's sidecar: ``rollmux.shim.api.register``.
 
 A job's driver sends its :class:`~rollmux.core.model.JobSpec` over the sidecar socket; the sidecar
 relays ``RegisterJob`` to the coordinator with its node credential and answers with the job token,
@@ -13,33 +13,15 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from dataclasses import dataclass, field
 
 from rollmux.core.model import JobSpec
-from rollmux.sidecar import env
-from rollmux.sidecar.api import ShimConfigError, SidecarError, SidecarUnreachableError
+from rollmux.shim import env
+from rollmux.wire.errors import PermitWaitTimeoutError, ShimConfigError, SidecarError, SidecarUnreachableError
+from rollmux.wire.sidecar_client import Registration
 
 
-class RegistrationError(SidecarError):
+class JobRegistrationError(SidecarError):
     """The coordinator (through the sidecar) refused the registration; the message says why."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Registration:
-    """A registered job: its name, its token (hidden from ``repr``) and the deployment mode."""
-
-    job: str  # the registered job name
-    token: str = field(repr=False)  # the job token: authenticates every permit call of the job
-    deployment: str | None = None  # deployment mode the coordinator chose (None: not decided / default)
-
-    def __post_init__(self) -> None:
-        if not self.job or not self.token:
-            raise ValueError("Registration needs a job name and a token")
-
-    def __repr__(self) -> str:
-        return f"Registration(job={self.job!r}, token=<hidden>, deployment={self.deployment!r})"
-
-    __str__ = __repr__
 
 
 _current: Registration | None = None
@@ -72,7 +54,7 @@ def register(spec: JobSpec, *, socket: str | None = None, timeout_s: float = 30.
     Raises:
         ShimConfigError: no socket given and ``ROLLMUX_SIDECAR_SOCKET`` unset, or a bad argument.
         SidecarUnreachableError: no sidecar answers on the socket (the message names it).
-        RegistrationError: the coordinator refused the spec (invalid, name taken, relaying disabled).
+        JobRegistrationError: the coordinator refused the spec (invalid, name taken, relaying disabled).
     """
     global _current
     if not isinstance(spec, JobSpec):
@@ -83,8 +65,7 @@ def register(spec: JobSpec, *, socket: str | None = None, timeout_s: float = 30.
     if not path:
         raise ShimConfigError(f"rollmux.register needs the node sidecar's socket: set {env.SIDECAR_SOCKET} "
                               "(the platform does this in job pods) or pass socket=")
-    resp = _call(path, spec, timeout_s)
-    reg = Registration(job=resp.job, token=resp.job_token, deployment=resp.deployment or None)
+    reg = _call(path, spec, timeout_s)
     with _lock:
         _current = reg
     return reg
@@ -97,29 +78,22 @@ def _unreachable(path: str, why: str) -> SidecarUnreachableError:
         "without RollMux")
 
 
-def _call(path: str, spec: JobSpec, timeout_s: float):  # type: ignore[no-untyped-def]
-    import grpc
-
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.proto import sidecar_v1_pb2_grpc as spb_grpc
-    from rollmux.wire import convert
+def _call(path: str, spec: JobSpec, timeout_s: float) -> Registration:
+    from rollmux.wire.sidecar_client import SidecarClient
 
     if not os.path.exists(path):
         raise _unreachable(path, "no socket exists at that path")
-    channel = grpc.insecure_channel(f"unix:{path}")
+    client = SidecarClient(path)
     try:
-        req = spb.RegisterRequest(spec=convert.spec_to_pb(spec), nonce=secrets.token_urlsafe(24))
-        # no wait_for_ready: a socket nobody listens on fails at once instead of retrying to the deadline
-        return spb_grpc.SidecarStub(channel).Register(req, timeout=timeout_s)
-    except grpc.RpcError as exc:
-        code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE:
-            raise _unreachable(path, details or "the sidecar did not answer") from None
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise _unreachable(path, f"no answer within {timeout_s:g}s") from None
-        raise RegistrationError(f"job {spec.name!r} was not registered: {code.name}: {details}") from None
+        return client.register(spec, secrets.token_urlsafe(24), timeout_s=timeout_s)
+    except SidecarUnreachableError as exc:
+        raise _unreachable(path, str(exc) or "the sidecar did not answer") from None
+    except PermitWaitTimeoutError:
+        raise _unreachable(path, f"no answer within {timeout_s:g}s") from None
+    except SidecarError as exc:
+        raise JobRegistrationError(f"job {spec.name!r} was not registered: {exc}") from None
     finally:
-        channel.close()
+        client.close()
 
 
-__all__ = ["Registration", "RegistrationError", "current", "register"]
+__all__ = ["Registration", "JobRegistrationError", "current", "register"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.sidecar.state_cache import CacheState, IllegalTransitionError
-from rollmux.sidecar.vllm_sleep import SleepModeUnavailableError, VllmSleep
+from rollmux.shim.state_cache import CacheState, CacheTransitionError
+from rollmux.shim.vllm_sleep import SleepModeUnavailableError, VllmSleep
 
 
 class FakeSleepingLLM:
@@ -67,7 +67,7 @@ def test_failed_wake_rolls_back_to_offloaded() -> None:
         helper.reload()
     assert helper.state is CacheState.OFFLOADED
     helper.transition(CacheState.LOADING)  # as if another thread were reloading
-    with pytest.raises(IllegalTransitionError):
+    with pytest.raises(CacheTransitionError):
         helper.offload()
 
 

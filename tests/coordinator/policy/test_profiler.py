@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollmux.coordinator.profiler import DEFAULT_CALIBRATION, calibrate, resolve, state_bytes_per_node
+from rollmux.coordinator.policy.profiler import DEFAULT_CALIBRATION, calibrate, resolve, state_bytes_per_node
 from rollmux.core.model import GB, ClusterSpec, JobSpec
 
 

@@ -1,7 +1,7 @@
 """The in-process shim: ``rollmux.init``, ``rollmux.phase``, ``rollmux.runtime_hook``,
 ``rollmux.register_state`` and ``rollmux.shutdown``.
 
-Opt-in: set ``ROLLMUX_SIDECAR_SOCKET`` (see ``rollmux.sidecar.env``) or pass ``socket=`` to
+Opt-in: set ``ROLLMUX_SIDECAR_SOCKET`` (see ``rollmux.shim.env``) or pass ``socket=`` to
 :func:`init`. Without it every call here returns at once: a decorated function costs one global
 read and one extra Python call, and ``grpc``/``torch`` are never imported.
 
@@ -22,7 +22,7 @@ for the phase, and the collective it takes part in pairs it with the permit hold
 
 Lease loss: when the coordinator revokes the running phase's permit (its lease expired, the job
 was removed), the shim says so on stderr and in the event log, stops the phase by raising
-:class:`~rollmux.sidecar.api.LeaseLostError` in the thread running it (at its next Python
+:class:`~rollmux.wire.errors.LeaseLostError` in the thread running it (at its next Python
 bytecode: a call blocked in C returns first), offloads its state so the node's next holder finds
 the GPU free, and never releases the stale epoch (it is fenced). ``with rollmux.phase(...)`` then
 raises ``LeaseLostError``: do not commit that phase's results.
@@ -33,13 +33,13 @@ next ``runtime_hook`` call.
 
 Relocation (regrouping): a directive from the Attach stream is kept on the runtime and returned by
 ``rollmux.relocation()``; the job honours it at an iteration boundary with ``rollmux.relocate()``
-(``rollmux.sidecar.relocate``).
+(``rollmux.shim.relocate``).
 
 The shim always talks to the local sidecar socket; there is no direct-to-coordinator mode.
 
 This module is the public API and the process's opt-in state; its parts: the runtime records and
-lease loss in :mod:`rollmux.sidecar.shim_runtime`, the sidecar connection in
-:mod:`rollmux.sidecar.shim_transport`, phase entry and exit in :mod:`rollmux.sidecar.shim_phases`.
+lease loss in :mod:`rollmux.shim.runtime`, the sidecar connection in
+:mod:`rollmux.shim.transport`, phase entry and exit in :mod:`rollmux.shim.phases`.
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rollmux.core.model import PHASE_ORDER, Migration
-from rollmux.sidecar import env, registration
-from rollmux.sidecar.api import LeaseLostError, ShimConfigError, SidecarError, phase_pool
-from rollmux.sidecar.registration import Registration, RegistrationError, register
-from rollmux.sidecar.shim_phases import enter_phase, exit_phase, leave_phase
-from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
-from rollmux.sidecar.shim_transport import attach, rpc
+from rollmux.shim import env, registration
+from rollmux.shim.phases import enter_phase, exit_phase, leave_phase
+from rollmux.shim.pools import phase_pool
+from rollmux.shim.registration import JobRegistrationError, Registration, register
+from rollmux.shim.runtime import PhaseContext, Runtime, lost_error
+from rollmux.shim.transport import attach, call, detach
+from rollmux.wire.errors import LeaseLostError, ShimConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,8 +66,7 @@ DEFAULT_PERMIT_TIMEOUT_S = 600.0
 _runtime: Runtime | None = None
 _resolved = False  # the opt-in was looked at (init ran, explicitly or lazily)
 _init_lock = threading.Lock()
-_Runtime = Runtime  # the runtime's old name here (rollmux.sidecar.relocate)
-_rpc = rpc  # the unary call's old name here
+_Runtime = Runtime  # the runtime's old name here (rollmux.shim.relocate)
 
 
 # ------------------------------------------------------------------------------------------- init
@@ -77,7 +77,7 @@ def init(*, socket: str | None = None, job: str | None = None, job_token: str | 
          deployment: str | None = None, connect_timeout_s: float = 15.0) -> bool:
     """Opt this process in (or not), attaching it to the node's sidecar. Idempotent.
 
-    Every argument defaults to its environment variable (``rollmux.sidecar.env``); an explicit
+    Every argument defaults to its environment variable (``rollmux.shim.env``); an explicit
     argument wins. Job name and token fall back to the registration this process made with
     :func:`register`, so a process that registered needs neither variable.
 
@@ -250,13 +250,9 @@ def runtime_hook(finished: int, total: int) -> Migration | None:
         return None
     if ctx.lost:
         raise lost_error(rt, ctx)
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.wire import convert
-
-    resp = rpc(rt, "Progress", spb.ProgressRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
-                                                    finished=finished, total=total), 30.0)
-    if resp.HasField("migrate") and ctx.migration is None:
-        ctx.migration = convert.migration_from_pb(resp.migrate)
+    migrate = call(rt, "Progress", rt.client.progress, rt.rank_id, ctx.lease.epoch, finished, total, timeout_s=30.0)
+    if migrate is not None and ctx.migration is None:
+        ctx.migration = migrate
     if ctx.migration is None or ctx.migration_taken:
         return None
     ctx.migration_taken = True  # one directive per rollout: follow it once
@@ -266,8 +262,9 @@ def runtime_hook(finished: int, total: int) -> Migration | None:
 def register_state(*objects: Any, name: str | None = None) -> None:
     """Register modules, optimizers and loose tensors to be offloaded between phases.
 
-    Outside a phase the registered state lives in host buffers allocated once for the job; each
-    phase reloads it first and offloads it at the end. No-op when not opted in.
+    Outside a phase the registered state lives in host buffers allocated once for the job (here, for
+    the state registered so far and the gradients and optimizer state training will add); each phase
+    reloads it first and offloads it at the end. No-op when not opted in.
 
     Args:
         objects: ``torch.nn.Module``, ``torch.optim.Optimizer`` or ``torch.Tensor`` instances.
@@ -276,7 +273,7 @@ def register_state(*objects: Any, name: str | None = None) -> None:
     rt = _active()
     if rt is None:
         return
-    from rollmux.sidecar.state_cache import StateCache
+    from rollmux.shim.state_cache import StateCache
 
     if rt.cache is None:
         rt.cache = StateCache(f"{rt.job}/{rt.rank}")
@@ -288,6 +285,8 @@ def register_state(*objects: Any, name: str | None = None) -> None:
             rt.cache.register_module(f"{label}.module", obj)
         else:
             rt.cache.register_tensor(f"{label}.tensor", obj)
+    # Pin the host buffers now, at registration: pinning runs at a few GB/s, too slow for a phase boundary.
+    rt.cache.reserve(rt.cache.expected_bytes())
 
 
 def enabled() -> bool:
@@ -305,18 +304,12 @@ def shutdown(*, job_done: bool = False) -> None:
     rt = _runtime
     if rt is None:
         return
-    from rollmux.proto import sidecar_v1_pb2 as spb
-
-    rt.closing = True
     try:
-        rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
-    except SidecarError:
-        pass  # the sidecar is gone: the lease ended with it
+        detach(rt, job_done=job_done)
     finally:
         if rt.cache is not None:
             rt.cache.reload()  # leave the registered tensors usable after the job
             rt.cache.release()
-        rt.channel.close()
         _runtime = None
 
 
@@ -350,18 +343,7 @@ class RankHandle:
 
     def close(self, *, job_done: bool = False) -> None:
         """Detach this rank (ends its lease cleanly). Idempotent."""
-        from rollmux.proto import sidecar_v1_pb2 as spb
-
-        rt = self._rt
-        if rt.closing:
-            return
-        rt.closing = True
-        try:
-            rpc(rt, "Detach", spb.DetachRequest(rank_id=rt.rank_id, job_done=job_done), 30.0)
-        except SidecarError:
-            pass  # the sidecar is gone: the lease ended with it
-        finally:
-            rt.channel.close()
+        detach(self._rt, job_done=job_done)
 
 
 def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_timeout_s: float | None = None,
@@ -379,5 +361,5 @@ def attach_rank(*, socket: str, job: str, job_token: str, rank: int, permit_time
                              _deployment(deployment, job)))
 
 
-__all__ = ["PhaseContext", "RankHandle", "Registration", "RegistrationError", "attach_rank", "enabled", "init",
+__all__ = ["PhaseContext", "RankHandle", "Registration", "JobRegistrationError", "attach_rank", "enabled", "init",
            "phase", "register", "register_state", "runtime_hook", "shutdown"]

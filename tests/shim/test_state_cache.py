@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rollmux.core.errors import RollMuxError
-from rollmux.sidecar.state_cache import (
+from rollmux.shim.state_cache import (
     TRANSITIONS,
     CacheState,
-    IllegalTransitionError,
+    CacheTransitionError,
     RegistrationError,
     StateCache,
     StateCacheConfig,
@@ -208,7 +208,7 @@ def test_transition_refuses_every_illegal_edge(src: CacheState, dst: CacheState)
     }[src]
     for step in path:
         cache.transition(step)
-    with pytest.raises(IllegalTransitionError, match="job-x.*illegal transition") as info:
+    with pytest.raises(CacheTransitionError, match="job-x.*illegal transition") as info:
         cache.transition(dst)
     assert isinstance(info.value, RollMuxError)
     assert cache.state is src and len(cache.history) == len(path)
@@ -219,7 +219,7 @@ def test_offload_while_loading_is_refused() -> None:
     cache.register_tensor("t", torch.ones(3))
     cache.offload()
     cache.transition(CacheState.LOADING)  # as if another thread were reloading
-    with pytest.raises(IllegalTransitionError):
+    with pytest.raises(CacheTransitionError):
         cache.offload()
 
 

@@ -16,21 +16,24 @@ How it is fast (see shared/reference/offload_sidecar.md, section 3):
   chunked copies, so the tests cover the same logic.
 - Free by storage. Offload resizes each registered tensor's storage to zero bytes and reload resizes it
   back, so views, tied weights and ``nn.Parameter`` objects stay valid, and on CPU the released memory
-  is real (it shows up in ``device_bytes()`` and the process RSS).
+  is real (it shows up in ``device_bytes()`` and the process RSS). Wrapper tensors (FSDP2's ``DTensor``)
+  are cached through the plain tensors inside them: this rank's shard.
 
 The lifecycle is an explicit state machine (:data:`TRANSITIONS`); :meth:`StateCache.offload` and
-:meth:`StateCache.reload` are idempotent, and a failed copy rolls back to the previous stable state.
+:meth:`StateCache.reload` are idempotent, and a failed copy rolls back to the previous stable state once
+the copies already issued have finished (no storage is freed under a running copy).
 
 Torch is imported inside functions only: the sidecar daemon imports this package without torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rollmux.core.errors import RollMuxError
 from rollmux.core.lifecycle import IllegalTransitionError as _IllegalTransition
@@ -48,7 +51,7 @@ class StateCacheError(RollMuxError):
     """Base class of every error the state cache raises on purpose."""
 
 
-class IllegalTransitionError(StateCacheError, _IllegalTransition):
+class CacheTransitionError(StateCacheError, _IllegalTransition):
     """A state change that :data:`TRANSITIONS` does not allow (e.g. reload while offloading)."""
 
 
@@ -150,14 +153,44 @@ class Lifecycle:
         """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
 
         Raises:
-            IllegalTransitionError: the edge is not in the table (including staying in the same state).
+            CacheTransitionError: the edge is not in the table (including staying in the same state).
         """
         dst = CacheState(dst)
-        check_transition(TRANSITIONS, self.state, dst, self.owner, error=IllegalTransitionError,
+        check_transition(TRANSITIONS, self.state, dst, self.owner, error=CacheTransitionError,
                          hint="Another offload/reload is probably running on this cache; call "
                               "offload()/reload() from one thread only.")
         self.history.append(TransitionRecord(self.state, dst, self._clock(), detail))
         self.state = dst
+
+
+
+class LifecycleHolder:
+    """What a cache with a :class:`Lifecycle` shows of it: its state, its history, guarded transitions
+    (the state cache and the vLLM sleep-mode helper hold one each)."""
+
+    _lifecycle: Lifecycle
+
+    @property
+    def state(self) -> CacheState:
+        """The current state."""
+        return self._lifecycle.state
+
+    @property
+    def history(self) -> tuple[TransitionRecord, ...]:
+        """Every transition so far, oldest first."""
+        return tuple(self._lifecycle.history)
+
+    def transition(self, dst: CacheState, detail: str = "") -> None:
+        """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
+
+        Args:
+            dst: the next state.
+            detail: why, stored in the history.
+
+        Raises:
+            CacheTransitionError: the edge is not in the table (including staying in the same state).
+        """
+        self._lifecycle.transition(dst, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +281,7 @@ class _Source:
     tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]] = field(repr=False)
 
 
-class StateCache:
+class StateCache(LifecycleHolder):
     """One job's (one rank's) warm-start cache of device state in host buffers.
 
     Usage::
@@ -270,6 +303,8 @@ class StateCache:
             leaving CPU-resident optimizer scalars such as Adam's ``step`` in place; else the CPU).
         config: knobs; defaults if None.
         clock: nanosecond clock for the history (injected by tests).
+        engine: issues the copies (default: :class:`CudaStreamEngine` on a GPU, :class:`SyncEngine`
+            elsewhere); a test passes one whose copies are still running when ``submit`` returns.
     """
 
     def __init__(
@@ -279,42 +314,20 @@ class StateCache:
         device: str | torch.device | None = None,
         config: StateCacheConfig | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
+        engine: CopyEngine | None = None,
     ) -> None:
         self.job_id = job_id
         self.config = config or StateCacheConfig()
         self._device: Any = None if device is None else _torch().device(device)
         self._lifecycle = Lifecycle(f"state cache of job {job_id!r}", clock)
         self._sources: list[_Source] = []
+        self._optimizers: list[Any] = []  # registered optimizers (their state may appear later)
         self._chunks: list[torch.Tensor] = []  # host buffers, each a flat uint8 tensor
         self._entries: list[_Entry] = []  # layout of the last offload
         self._segments: list[Segment] = []
-        self._streams: list[Any] = []
+        self._copier = engine
         self.host_allocations = 0
         """How many host chunks were ever allocated (stays put across phases once warm)."""
-
-    # ----------------------------------------------------------------------------------- state
-
-    @property
-    def state(self) -> CacheState:
-        """The current state."""
-        return self._lifecycle.state
-
-    @property
-    def history(self) -> tuple[TransitionRecord, ...]:
-        """Every transition so far, oldest first."""
-        return tuple(self._lifecycle.history)
-
-    def transition(self, dst: CacheState, detail: str = "") -> None:
-        """Move to ``dst`` if :data:`TRANSITIONS` allows it, and record the change.
-
-        Args:
-            dst: the next state.
-            detail: why, stored in the history.
-
-        Raises:
-            IllegalTransitionError: the edge is not in the table (including staying in the same state).
-        """
-        self._lifecycle.transition(dst, detail)
 
     # ---------------------------------------------------------------------------- registration
 
@@ -352,6 +365,7 @@ class StateCache:
                         yield f"{i}.{key}", value
 
         self._add(name, tensors)
+        self._optimizers.append(optimizer)
 
     def register_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Cache one loose tensor (its whole storage).
@@ -396,16 +410,50 @@ class StateCache:
         """Whether the host chunks are (or will be) pinned."""
         if self.config.pin_memory is not None:
             return self.config.pin_memory
-        torch = _torch()
-        return bool(torch.cuda.is_available()) and (self._device is None or self._device.type == "cuda")
+        if self._device is not None and self._device.type != "cuda":
+            return False  # a CPU cache never initialises CUDA (is_available() may create a driver context)
+        return bool(_torch().cuda.is_available())
 
     def reserve(self, nbytes: int) -> None:
         """Allocate host buffers for ``nbytes`` now (at admission) rather than at the first offload.
 
         Pinning is slow (about 1-3 GB/s), so doing it before the first phase boundary keeps it off the
-        critical path.
+        critical path. The device is inferred from the registered state first, so a CPU cache pins nothing.
         """
+        if self._device is None and self._sources and self.state is CacheState.RESIDENT:
+            self._collect()
         self._ensure_capacity(nbytes)
+
+    def expected_bytes(self) -> int:
+        """Host bytes the first offload will need, as far as registration tells: the registered storages
+        now, plus what training creates for the parameters of a registered optimizer: their gradients
+        and the state an Adam-like or momentum optimizer creates at its first step.
+
+        Parameters no registered optimizer trains (a rollout's policy) are not given gradients; what this
+        misses is allocated at the first offload, as without a reservation.
+        """
+        if self.state is not CacheState.RESIDENT:
+            return self.host_bytes()
+        entries = self._collect()
+        align = self.config.alignment
+
+        def aligned(t: Any) -> int:
+            return -(-t.numel() * t.element_size() // align) * align
+
+        total = sum(-(-e.nbytes // align) * align for e in entries)
+        for optimizer in self._optimizers:
+            slots = 0 if optimizer.state else _optimizer_slots(optimizer)  # existing state was counted above
+            for group in optimizer.param_groups:
+                # Adam's ``step`` counter is a host scalar unless capturable or fused keep it on the device.
+                step_here = slots > 0 and _adam_like(optimizer) and (
+                    self._device.type == "cpu" or bool(group.get("capturable") or group.get("fused")))
+                for param in group["params"]:
+                    local = _plain(param)
+                    if local.device != self._device:
+                        continue
+                    total += slots * aligned(local) + (align if step_here else 0)
+                    total += aligned(local) if param.grad is None else 0  # its gradient, after a backward
+        return total
 
     def release(self) -> None:
         """Drop the host buffers (end of job). The cache can still be used; buffers come back on demand.
@@ -430,7 +478,7 @@ class StateCache:
             What was copied and how long it took (``noop=True`` if already offloaded).
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
             RegistrationError: a registered tensor cannot be cached (external or mixed-device storage).
         """
         if self.state is CacheState.OFFLOADED:
@@ -447,6 +495,7 @@ class StateCache:
             self._copy(entries, segments, to_host=True)
             copy_s = time.perf_counter() - copy_start
         except BaseException as exc:
+            self._drain()  # copies already issued still read the device state: let them end first
             self.transition(CacheState.RESIDENT, f"offload failed: {exc!r}")
             raise
         self._entries, self._segments = entries, segments
@@ -466,7 +515,7 @@ class StateCache:
             What was copied and how long it took (``noop=True`` if already resident).
 
         Raises:
-            IllegalTransitionError: an offload or reload is already running.
+            CacheTransitionError: an offload or reload is already running.
         """
         if self.state is CacheState.RESIDENT:
             return CopyStats("reload", 0, 0.0, 0.0, 0, noop=True)
@@ -479,6 +528,7 @@ class StateCache:
             self._copy(self._entries, self._segments, to_host=False)
             copy_s = time.perf_counter() - copy_start
         except BaseException as exc:
+            self._drain()  # copies already issued still write into the storages: never free under them
             for e in self._entries:
                 e.storage.resize_(0)
             self.transition(CacheState.OFFLOADED, f"reload failed: {exc!r}")
@@ -491,8 +541,8 @@ class StateCache:
 
     def _collect(self) -> list[_Entry]:
         """The distinct device storages reachable from the registered objects, in registration order."""
-        named = [(f"{source.name}.{tname}" if tname else source.name, t)
-                 for source in self._sources for tname, t in source.tensors()]
+        named = [leaf for source in self._sources for tname, t in source.tensors()
+                 for leaf in _leaves(f"{source.name}.{tname}" if tname else source.name, t)]
         if self._device is None:
             self._device = choose_device(
                 (TensorPlacement(name=n, device=t.device, scalar=t.numel() <= 1) for n, t in named),
@@ -533,27 +583,123 @@ class StateCache:
             self.host_allocations += 1
 
     def _copy(self, entries: list[_Entry], segments: list[Segment], *, to_host: bool) -> None:
-        torch = _torch()
+        engine = self._engine()
         views = [_byte_view(e.storage, e.nbytes, self._device) for e in entries]
-        if self._device.type != "cuda":
-            for s in segments:
-                dev = views[s.entry][s.src_offset : s.src_offset + s.nbytes]
-                host = self._chunks[s.chunk][s.dst_offset : s.dst_offset + s.nbytes]
-                (host if to_host else dev).copy_(dev if to_host else host)
-            return
-        if not self._streams:
-            self._streams = [torch.cuda.Stream(self._device) for _ in range(self.config.num_streams)]
-        current = torch.cuda.current_stream(self._device)
-        for stream in self._streams:
-            stream.wait_stream(current)  # the phase's last kernels (or the reallocation) come first
+        engine.begin()
         for i, s in enumerate(segments):
-            with torch.cuda.stream(self._streams[i % len(self._streams)]):
-                dev = views[s.entry][s.src_offset : s.src_offset + s.nbytes]
-                host = self._chunks[s.chunk][s.dst_offset : s.dst_offset + s.nbytes]
-                (host if to_host else dev).copy_(dev if to_host else host, non_blocking=True)
+            dev = views[s.entry][s.src_offset : s.src_offset + s.nbytes]
+            host = self._chunks[s.chunk][s.dst_offset : s.dst_offset + s.nbytes]
+            engine.submit(i, host if to_host else dev, dev if to_host else host)
         # One wait at the end: offload must finish before storages are freed, reload before the phase runs.
+        engine.wait()
+
+    def _engine(self) -> CopyEngine:
+        """How segments are copied: CUDA side streams on a GPU, plain copies elsewhere (kept per cache)."""
+        if self._copier is None:
+            self._copier = (CudaStreamEngine(self._device, self.config.num_streams) if self._device.type == "cuda"
+                            else SyncEngine())
+        return self._copier
+
+    def _drain(self) -> None:
+        """Wait for every copy already issued (after a failure, before storages are freed or reused)."""
+        if self._copier is None:
+            return
+        with contextlib.suppress(BaseException):  # the first error is the one raised; the device may be lost
+            self._copier.wait()
+
+
+class CopyEngine(Protocol):
+    """Issues one cache's segment copies and waits for them (CUDA streams, or plain copies)."""
+
+    def begin(self) -> None:
+        """Order the copies after the work already queued on the device (the phase, a reallocation)."""
+        ...
+
+    def submit(self, index: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Issue one segment's copy; it may still run when this returns."""
+        ...
+
+    def wait(self) -> None:
+        """Return once every copy issued so far has finished. Safe to call again, and with nothing issued."""
+        ...
+
+
+class SyncEngine:
+    """Plain copies that finish before :meth:`submit` returns (CPU caches)."""
+
+    def begin(self) -> None:
+        pass
+
+    def submit(self, index: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def wait(self) -> None:
+        pass
+
+
+class CudaStreamEngine:
+    """Non-blocking copies spread round-robin over side streams, so several DMA transfers overlap."""
+
+    def __init__(self, device: Any, num_streams: int) -> None:
+        torch = _torch()
+        self._device = device
+        self._streams = [torch.cuda.Stream(device) for _ in range(num_streams)]
+
+    def begin(self) -> None:
+        current = _torch().cuda.current_stream(self._device)
+        for stream in self._streams:
+            stream.wait_stream(current)
+
+    def submit(self, index: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+        torch = _torch()
+        with torch.cuda.stream(self._streams[index % len(self._streams)]):
+            dst.copy_(src, non_blocking=True)
+
+    def wait(self) -> None:
         for stream in self._streams:
             stream.synchronize()
+
+
+def _leaves(name: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """The plain tensors that hold a registered tensor's memory, named after it.
+
+    A wrapper subclass (FSDP2's ``DTensor``, quantised tensors) has no storage of its own: its memory is
+    in the inner tensors that ``__tensor_flatten__`` names (a DTensor's ``_local_tensor``, this rank's
+    shard). Resizing those storages releases the memory and keeps the wrapper valid.
+    """
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        yield name, t
+        return
+    inner, _ = flatten()
+    for attr in inner:
+        value = getattr(t, attr)
+        if _torch().is_tensor(value):  # a DTensor also names its device mesh, which holds no memory
+            yield from _leaves(f"{name}.{attr}", value)
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The first plain tensor inside ``t`` (``t`` itself when it is plain): what it occupies on this rank."""
+    return next(_leaves("", t))[1]
+
+
+_ADAM_LIKE = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam"})
+
+
+def _optimizer_slots(optimizer: Any) -> int:
+    """How many parameter-sized state tensors the optimizer creates per parameter at its first step
+    (0 when unknown: that state is then allocated at the first offload)."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if _adam_like(optimizer):
+        return 3 if group.get("amsgrad") else 2
+    if any(c.__name__ == "SGD" for c in type(optimizer).__mro__):
+        return 1 if group.get("momentum") else 0
+    return 0
+
+
+def _adam_like(optimizer: Any) -> bool:
+    """Adam or a subclass of one of the Adam family (a wrapper that registers itself, say)."""
+    return any(c.__name__ in _ADAM_LIKE for c in type(optimizer).__mro__)
 
 
 _INDEXLESS = frozenset({"cpu", "meta"})

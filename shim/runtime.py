@@ -3,7 +3,7 @@ counters), the running phase's :class:`PhaseContext`, and what a revoked permit 
 
 Lease loss: when the coordinator revokes the running phase's permit (its lease expired, the job
 was removed), :func:`lease_lost` says so on stderr and stops the phase by raising
-:class:`~rollmux.sidecar.api.LeaseLostError` in the thread running it (at its next Python
+:class:`~rollmux.wire.errors.LeaseLostError` in the thread running it (at its next Python
 bytecode: a call blocked in C returns first); the phase then ends with :func:`lost_error`.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollmux.core.model import PHASE_ORDER, Lease, Migration, Relocation
-from rollmux.sidecar.api import LeaseLostError
+from rollmux.wire.errors import LeaseLostError
 
 
 @dataclass(slots=True, kw_only=True)
@@ -47,16 +47,15 @@ class Runtime:
     rank: int
     timeout_s: float
     event_log: str | None
-    channel: Any
-    stub: Any
-    stream: Any
+    client: Any  # rollmux.wire.sidecar_client.SidecarClient; None once detached
+    events: Any  # the Attach stream's events (the client's iterator), consumed by the watcher thread
     rank_id: str
     node_id: str
     pool: str
     deployment: str | None = None  # the job's deployment mode: which pool's rank owns each phase (phase_pool)
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys((p.value for p in PHASE_ORDER), 0))
     current: PhaseContext | None = None
-    cache: Any = None  # rollmux.sidecar.state_cache.StateCache, created by register_state
+    cache: Any = None  # rollmux.shim.state_cache.StateCache, created by register_state
     lost: threading.Event = field(default_factory=threading.Event)  # permit revoked / job aborted
     broken: str | None = None  # why the sidecar stream ended unexpectedly
     closing: bool = False

@@ -1,7 +1,7 @@
 """``rollmux.relocation()`` and ``rollmux.relocate()``: honouring a regrouping directive in the job.
 
-The coordinator may move a running job to another group when one leaves (docs/coordinator.md,
-"Live relocation"). The directive reaches every rank of the job on its Attach stream (a rank that
+The coordinator may move a running job to another group when one leaves
+(docs/concepts/relocation-and-migration.md). The directive reaches every rank of the job on its Attach stream (a rank that
 attaches later gets it on attaching, while it is pending); the job honours it at an iteration
 boundary, between its Sync and its next Rollout::
 
@@ -25,17 +25,17 @@ import time
 from collections.abc import Callable
 
 from rollmux.core.model import Relocation, RelocationState
-from rollmux.sidecar import env
-from rollmux.sidecar.api import RankLeaseError, ShimConfigError
-from rollmux.sidecar.shim_runtime import Runtime
-from rollmux.sidecar.shim_transport import rpc
+from rollmux.shim import env
+from rollmux.shim.runtime import Runtime
+from rollmux.shim.transport import call
+from rollmux.wire.errors import RankLeaseError, ShimConfigError
 
 POLL_S = 0.05
 
 
 def relocation() -> Relocation | None:
     """The job's relocation directive this rank has yet to act on, or None (always None when not opted in)."""
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     rt = shim._active()  # noqa: SLF001  (the shim's own package)
     d = None if rt is None else rt.relocation
@@ -67,21 +67,18 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
         ShimConfigError: this rank must move but ``ROLLMUX_SIDECAR_SOCKET_TEMPLATE`` is unset (start
             it on its new node from the checkpoint instead).
     """
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     rt = shim._active()  # noqa: SLF001
     d = relocation()
     if rt is None or d is None:
         return False  # not opted in (grpc never imported), or nothing to do
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.wire.convert import relocation_from_pb
     if rt.current is not None:
         raise RankLeaseError(f"rollmux.relocate() inside phase {rt.current.phase!r}: call it at an iteration "
                              "boundary, outside rollmux.phase")
     deadline = time.monotonic() + wait_s
     while True:
-        resp = rpc(rt, "Relocate", spb.RelocateRequest(rank_id=rt.rank_id, epoch=d.epoch), 30.0)
-        d = relocation_from_pb(resp.directive)
+        d = call(rt, "Relocate", rt.client.relocate, rt.rank_id, d.epoch, timeout_s=30.0)
         rt.relocation = d
         if d.state is not RelocationState.PENDING or time.monotonic() >= deadline:
             break
@@ -111,7 +108,7 @@ def relocate(*, checkpoint: Callable[[], None] | None = None, restore: Callable[
 
 def _reattach(rt: object, node: str) -> object:
     """Detach from this node's sidecar and attach to `node`'s, keeping counters, state and directives."""
-    from rollmux.sidecar import shim
+    from rollmux.shim import api as shim
 
     assert isinstance(rt, Runtime)
     template = os.environ.get(env.SIDECAR_SOCKET_TEMPLATE, "")

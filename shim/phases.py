@@ -15,9 +15,10 @@ import threading
 import time
 
 from rollmux.core.model import Phase
-from rollmux.sidecar.api import LeaseLostError, RankLeaseError, phase_pool
-from rollmux.sidecar.shim_runtime import PhaseContext, Runtime, lost_error
-from rollmux.sidecar.shim_transport import rpc
+from rollmux.shim.pools import phase_pool
+from rollmux.shim.runtime import PhaseContext, Runtime, lost_error
+from rollmux.shim.transport import call
+from rollmux.wire.errors import LeaseLostError, RankLeaseError
 
 
 def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:
@@ -26,11 +27,8 @@ def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:
 
     Raises:
         RankLeaseError: a phase is running already (phases do not nest), or the sidecar refused.
-        PermitWaitTimeoutError, JobAbortedError, SidecarUnreachableError: as :func:`rpc` maps them.
+        PermitWaitTimeoutError, JobAbortedError, SidecarUnreachableError: as :func:`~rollmux.shim.transport.call` says.
     """
-    from rollmux.proto import sidecar_v1_pb2 as spb
-    from rollmux.wire import convert
-
     if rt.current is not None:
         raise RankLeaseError(f"rollmux.phase({name!r}) entered inside phase {rt.current.phase!r}: phases do "
                              "not nest; end the first one before starting the next")
@@ -38,9 +36,8 @@ def enter_phase(rt: Runtime, name: str, iteration: int | None) -> PhaseContext:
     owner = phase_pool(name, rt.deployment) == rt.pool
     ctx = PhaseContext(phase=name, iteration=it, owner=owner, lease=None, t_request=time.time())
     if owner:
-        req = spb.AcquireRequest(rank_id=rt.rank_id, phase=convert.PHASE_TO_PB[Phase(name)], iteration=it,
-                                 timeout_s=rt.timeout_s)
-        ctx.lease = convert.lease_from_pb(rpc(rt, "Acquire", req, rt.timeout_s + 30.0).lease)
+        ctx.lease = call(rt, "Acquire", rt.client.acquire, rt.rank_id, Phase(name), it, rt.timeout_s,
+                         timeout_s=rt.timeout_s + 30.0)
     rt.lost.clear()
     t0 = time.time()
     if rt.cache is not None:
@@ -66,8 +63,6 @@ def leave_phase(rt: Runtime) -> PhaseContext | None:
 
 def exit_phase(rt: Runtime, ctx: PhaseContext) -> None:
     """End the phase: offload its state, release its permit (unless it was revoked: then raise)."""
-    from rollmux.proto import sidecar_v1_pb2 as spb
-
     t_body = time.time()
     cpu_s = time.process_time() - ctx.cpu_start
     host_bytes = 0
@@ -80,9 +75,8 @@ def exit_phase(rt: Runtime, ctx: PhaseContext) -> None:
         raise lost_error(rt, ctx)
     rt.counters[ctx.phase] = ctx.iteration + 1
     if ctx.lease is not None:
-        rpc(rt, "Release", spb.ReleaseRequest(rank_id=rt.rank_id, epoch=ctx.lease.epoch,
-                                               duration_s=t_end - ctx.t_start + ctx.reload_s,
-                                               state_host_bytes=host_bytes), rt.timeout_s + 30.0)
+        call(rt, "Release", rt.client.release, rt.rank_id, ctx.lease.epoch,
+             t_end - ctx.t_start + ctx.reload_s, host_bytes, timeout_s=rt.timeout_s + 30.0)
     log_phase(rt, ctx, t_body, cpu_s, t_end)
 
 
