@@ -12,10 +12,10 @@ from rollmux.coordinator.policy import ClusterState, PolicyConfig, RollMuxPolicy
 from rollmux.coordinator.policy.intra_group import member_periods
 from rollmux.coordinator.policy.optimum import optimal_partition
 from rollmux.coordinator.policy.placement import BIG_GROUP
+from rollmux.coordinator.policy.profiler import state_bytes_per_node
 from rollmux.coordinator.policy.regroup import apply_moves, place_arrival, plan_moves
 from rollmux.coordinator.policy.replan import apply_plan, plan_regroup
 from rollmux.coordinator.policy.switch import PlanSwitch, RollbackReason, SwitchError, SwitchPhase
-from rollmux.coordinator.profiler import state_bytes_per_node
 from rollmux.coordinator.sim.workload import PROFILES, SIZES
 from rollmux.core.model import JobSpec
 
