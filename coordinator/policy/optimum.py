@@ -35,6 +35,30 @@ class InstanceTooLargeError(PolicyError):
     """The offline optimum was asked for an instance it cannot solve in reasonable time."""
 
 
+class SearchBudgetError(PolicyError):
+    """The search took more pinning steps than its caller's budget allowed (an online caller's bound)."""
+
+
+CHECK_STEPS = 20
+"""Steps one schedule check (a full pinning's `member_periods`) counts for: it costs about that many
+pinning steps."""
+
+
+class _Budget:
+    """Pinning steps left to one `optimal_partition` call (None: unbounded)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, steps: int | None) -> None:
+        self.left = steps
+
+    def spend(self, steps: int = 1) -> None:
+        if self.left is not None:
+            self.left -= steps
+            if self.left < 0:
+                raise SearchBudgetError("the partition search ran past its step budget")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OptimalGroup:
     jobs: tuple[str, ...]
@@ -52,7 +76,8 @@ class OptimalPartition:
 
 
 def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster: ClusterSpec, config: PolicyConfig,
-                      slack: float = 1.0) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]] | None:
+                      slack: float = 1.0, budget: _Budget | None = None
+                      ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]] | None:
     """Depth-first search for a pinning of `jobs` on `m` rollout nodes and `train_nodes` training
     nodes: (rollout pinning, training pinning), or None if none is feasible."""
     dram = cluster.host_dram_bytes
@@ -75,6 +100,8 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster
         return all(periods[j.name] <= b for j, b in zip(jobs, budgets))
 
     def dfs(i: int, touched: int, touched_t: int) -> bool:
+        if budget is not None:
+            budget.spend(CHECK_STEPS if i == len(jobs) else 1)
         if i == len(jobs):
             return check()
         j = jobs[i]
@@ -114,7 +141,7 @@ def _feasible_pinning(jobs: Sequence[JobSpec], train_nodes: int, m: int, cluster
 
 
 def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: PolicyConfig,
-                   margins: bool = False) -> OptimalGroup | None:
+                   margins: bool = False, budget: _Budget | None = None) -> OptimalGroup | None:
     """The cheapest feasible configuration of one group holding exactly `jobs`, or None.
 
     With `margins`, every member's period stays within its budget / (1 + the co-execution margin the
@@ -140,7 +167,7 @@ def cheapest_group(jobs: Sequence[JobSpec], cluster: ClusterSpec, config: Policy
             cost = m * r_usd + train_nodes * t_usd
             if best is not None and cost >= best.usd_per_h:
                 break
-            found = _feasible_pinning(jobs, train_nodes, m, cluster, config, slack)
+            found = _feasible_pinning(jobs, train_nodes, m, cluster, config, slack, budget)
             if found is not None:
                 best = OptimalGroup(jobs=tuple(j.name for j in jobs), rollout_nodes=m, train_nodes=train_nodes,
                                     pinning=found[0], train_pinning=found[1], usd_per_h=cost)
@@ -174,12 +201,15 @@ def _alone(job: JobSpec, cluster: ClusterSpec, config: PolicyConfig) -> OptimalG
 
 
 def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = None,
-                      config: PolicyConfig | None = None, margins: bool = False) -> OptimalPartition:
+                      config: PolicyConfig | None = None, margins: bool = False,
+                      max_steps: int | None = None) -> OptimalPartition:
     """Minimum-cost partition of `jobs` (resolved) into feasible groups; with `margins`, groups keep
     the online policy's co-execution margins (`cheapest_group`), the problem a live coordinator solves.
+    `max_steps` bounds the pinning search (an online caller's time bound; None: unbounded).
 
     Raises:
         InstanceTooLargeError: more than MAX_OPT_JOBS jobs.
+        SearchBudgetError: the pinning search took more than `max_steps` steps.
     """
     cluster = cluster or ClusterSpec()
     config = config or PolicyConfig()
@@ -189,6 +219,7 @@ def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = Non
                                     "use a smaller trace or drop 'opt' from the policies")
     if n == 0:
         return OptimalPartition(groups=(), usd_per_h=0.0)
+    budget = _Budget(max_steps)
     group_of: dict[int, OptimalGroup | None] = {}
     infeasible: list[int] = []
     by_size = sorted(range(1, 1 << n), key=lambda s: bin(s).count("1"))
@@ -196,7 +227,7 @@ def optimal_partition(jobs: Sequence[JobSpec], cluster: ClusterSpec | None = Non
         if bin(mask).count("1") > config.max_group_size or any(mask & bad == bad for bad in infeasible):
             continue
         members = [jobs[i] for i in range(n) if mask >> i & 1]
-        g = cheapest_group(members, cluster, config, margins) if len(members) > 1 else _alone(members[0], cluster, config)
+        g = cheapest_group(members, cluster, config, margins, budget) if len(members) > 1 else _alone(members[0], cluster, config)
         group_of[mask] = g
         if g is None:
             infeasible.append(mask)

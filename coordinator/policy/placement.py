@@ -542,6 +542,12 @@ class RollMuxPolicy:
             memo[key] = (group, (pruned, note, steps))  # the group held: its id is not reused meanwhile
         return pruned, note, steps
 
+    def forget(self, group: GroupState) -> None:
+        """Drop what the open memo holds for `group` (it was just changed in place: a job joined or left)."""
+        if self.memo is not None:
+            for key in [k for k, (g, _) in self.memo.items() if g is group]:
+                del self.memo[key]
+
     @contextmanager
     def memoized(self) -> Iterator[None]:
         """Within this block, each (group object, job, profile) is evaluated once (`_group_steps`).

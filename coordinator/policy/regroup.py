@@ -182,6 +182,28 @@ def plan_moves(state: ClusterState, policy: RollMuxPolicy, jobs: Sequence[str], 
     return []
 
 
+def place_arrival(state: ClusterState, policy: RollMuxPolicy, job: JobSpec, remaining: RemainingFn,
+                  decision: PlacementDecision | None = None,
+                  allocate: Callable[[Pool, int], list[str]] | None = None) -> tuple[PlacementDecision, GroupState, list[Move]]:
+    """An arrival: its placement (or `decision`, one already made for it), applied, then its regroup
+    plan (`plan_moves` without pull moves), in one pass over the fleet. Returns the decision, the
+    group it joined and the plan (not applied).
+
+    Why one pass: the plan's single move places the job again with its new group excluded, which
+    evaluates every other group for the same job once more; inside one memo (`RollMuxPolicy.memoized`)
+    those evaluations are read back instead, so the arrival's tail is one fleet scan, not two. The
+    decisions are those of `place` then `plan_moves`: the memo holds only groups the plan does not
+    change, the joined group's entries are dropped once it changes.
+    """
+    with policy.memoized():
+        if decision is None:
+            decision = policy.place(job, state)
+        group = state.apply(job, decision, allocate)
+        policy.forget(group)
+        moves = plan_moves(state, policy, [job.name], remaining, pull=False) if policy.config.regroup else []
+    return decision, group, moves
+
+
 def _moves_for(state: ClusterState, policy: RollMuxPolicy, name: str, gid: str, remaining: RemainingFn) -> list[Move]:
     """The single move, pair merge or pool merge for `name`: the first that pays, or with
     `best_move` the one saving the most $ over its horizon (the job's remaining run for a single

@@ -117,8 +117,7 @@ class _Replay:
         while self.events:
             t, kind, _, key, version = heapq.heappop(self.events)
             if kind == _ARRIVAL:
-                self._arrive(key, t)
-                self._regroup([key], t, pull=False)
+                self._arrive_and_regroup(key, t)
             elif self.version.get(key) == version:
                 self._settle(key, t)
                 if key in self.state.groups:
@@ -153,6 +152,19 @@ class _Replay:
             self.learner.register(spec)
             group.set_profile(job_id, self.policy.initial_profile(spec))  # type: ignore[attr-defined]
         self._start_segment(group.group_id, t)
+
+    def _arrive_and_regroup(self, job_id: str, t: float) -> None:
+        """An arrival and its regroup plan in one pass over the fleet (`regroup.place_arrival`'s memo):
+        the plan's single move reads the placement's evaluations of every other group back."""
+        policy = self.policy
+        if not isinstance(policy, RollMuxPolicy) or not policy.config.regroup:
+            self._arrive(job_id, t)
+            return
+        with policy.memoized():
+            self._arrive(job_id, t)
+            policy.forget(self.state.groups[self.state.job_group[job_id]])  # joined, its profile set: changed
+            moves = plan_moves(self.state, policy, [job_id], self._remaining_s, pull=False)
+        self._relocate(moves, t)
 
     def _remaining_s(self, job_id: str) -> float:
         """Solo seconds of work left (0 once a job took its `regroup.move_cap` relocations: it stays put)."""
