@@ -34,7 +34,9 @@ def test_the_scheduler_works_with_the_charts_rbac_alone(env: Env, kube: KubeClie
     assert set(got.values()) == {f"{env.tag}-r0", f"{env.tag}-t0"}
     pod = next(iter(got))
     wait_for("the event", lambda: [e for e in env.events(pod) if e["reason"] == "Scheduled"])  # events
-    cond = wait_for("the condition", lambda: condition(kube.get(f"/api/v1/namespaces/{env.ns}/pods/{pod}")))
+    # the condition follows the event (one queue, in order); an earlier "waiting" one may still be there
+    cond = wait_for("the condition", lambda: (c := condition(kube.get(f"/api/v1/namespaces/{env.ns}/pods/{pod}")))
+                    and c["status"] == "True" and c)
     assert cond["message"].startswith("placed in group")  # pods/status
     with pytest.raises(KubeError) as exc:  # and nothing it does not need
         env.scheduler.kube.delete(f"/api/v1/namespaces/{env.ns}/pods/{pod}")
