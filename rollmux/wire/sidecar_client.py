@@ -92,7 +92,7 @@ class SidecarClient:
             first = next(stream)
         except self._grpc.RpcError as exc:
             raise error_from_rpc(exc, sidecar=True) from None
-        attached = Attached(rank_id=first.attached.rank_id, node_id=first.attached.node_id, pool=first.attached.pool)
+        attached = convert.attached_from_pb(first)
 
         def events() -> Iterator[RankEvent | None]:
             try:
