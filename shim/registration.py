@@ -13,11 +13,35 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+from dataclasses import dataclass, field
 
 from rollmux.core.model import JobSpec
 from rollmux.shim import env
 from rollmux.wire.errors import PermitWaitTimeoutError, ShimConfigError, SidecarError, SidecarUnreachableError
-from rollmux.wire.sidecar_client import Registration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    """A registered job: the one identity the shim and the adapters pass on (the token hidden from ``repr``).
+
+    Made by :func:`register` (relayed through the sidecar) and by the adapters' registration, which also
+    takes an identity an operator registered already (``ROLLMUX_JOB`` and ``ROLLMUX_JOB_TOKEN``).
+    """
+
+    job: str  # the registered job name
+    token: str = field(repr=False)  # the job token: authenticates every permit call of the job
+    deployment: str | None = None  # deployment mode the coordinator chose (None: not decided / default)
+    relayed: bool = False  # True when this process registered the job through its node's sidecar
+
+    def __post_init__(self) -> None:
+        if not self.job or not self.token:
+            raise ValueError("Registration needs a job name and a token")
+
+    def __repr__(self) -> str:
+        return (f"Registration(job={self.job!r}, token=<hidden>, deployment={self.deployment!r}, "
+                f"relayed={self.relayed})")
+
+    __str__ = __repr__
 
 
 class JobRegistrationError(SidecarError):
@@ -85,7 +109,7 @@ def _call(path: str, spec: JobSpec, timeout_s: float) -> Registration:
         raise _unreachable(path, "no socket exists at that path")
     client = SidecarClient(path)
     try:
-        return client.register(spec, secrets.token_urlsafe(24), timeout_s=timeout_s)
+        job, token, deployment = client.register(spec, secrets.token_urlsafe(24), timeout_s=timeout_s)
     except SidecarUnreachableError as exc:
         raise _unreachable(path, str(exc) or "the sidecar did not answer") from None
     except PermitWaitTimeoutError:
@@ -94,6 +118,7 @@ def _call(path: str, spec: JobSpec, timeout_s: float) -> Registration:
         raise JobRegistrationError(f"job {spec.name!r} was not registered: {exc}") from None
     finally:
         client.close()
+    return Registration(job=job, token=token, deployment=deployment, relayed=True)
 
 
 __all__ = ["Registration", "JobRegistrationError", "current", "register"]

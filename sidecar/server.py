@@ -42,6 +42,7 @@ from rollmux.wire.errors import (
     trailing_metadata,
 )
 from rollmux.wire.names import MAX_NAME_LEN, check_name
+from rollmux.wire.sidecar_client import Attached
 
 log = logging.getLogger("rollmux.sidecar")
 
@@ -168,8 +169,8 @@ class SidecarServicer(spb_grpc.SidecarServicer):
             self.agent.rank_gone(lease.rank_id, clean=False, conn=peer.conn)
 
         context.add_callback(on_done)
-        yield spb.RankEvent(attached=spb.Attached(rank_id=lease.rank_id, node_id=self.agent.config.node_id,
-                                                  pool=self.agent.config.pool.value))
+        yield convert.attached_to_pb(Attached(rank_id=lease.rank_id, node_id=self.agent.config.node_id,
+                                              pool=self.agent.config.pool.value))
         while context.is_active():
             try:
                 event = inbox.get(timeout=0.5)
@@ -192,7 +193,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
             timeout = max(0.001, min(timeout, remaining - 0.05))
         start = time.monotonic()
         lease = self.agent.acquire(rank_id, phase.value, request.iteration, timeout, conn=peer.conn)
-        return spb.AcquireResponse(lease=convert.lease_to_pb(lease), waited_s=time.monotonic() - start)
+        return convert.acquire_response_to_pb(lease, time.monotonic() - start)
 
     @_guarded
     def Release(self, request: spb.ReleaseRequest, context: grpc.ServicerContext) -> Any:
@@ -203,8 +204,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
         duration = _number(request.duration_s, "duration_s", MAX_DURATION_S)
         host = int(_number(float(request.state_host_bytes), "state_host_bytes", float(MAX_HOST_BYTES)))
         released, phase, it = self.agent.release(rank_id, request.epoch, duration, host, conn=peer.conn)
-        return spb.ReleaseResponse(node_released=released, next_iteration=it,
-                                   next_phase=convert.PHASE_TO_PB[Phase(phase)] if phase else 0)
+        return convert.release_response_to_pb(released, Phase(phase) if phase else None, it)
 
     @_guarded
     def Progress(self, request: spb.ProgressRequest, context: grpc.ServicerContext) -> Any:
@@ -214,10 +214,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
             raise InvalidArgumentError(f"progress finished={request.finished} total={request.total} is invalid: expected "
                            "0 <= finished <= total and total > 0")
         m = self.agent.progress(rank_id, request.epoch, request.finished, request.total, conn=peer.conn)
-        resp = spb.ProgressResponse()
-        if m is not None:
-            resp.migrate.CopyFrom(convert.migration_to_pb(m))
-        return resp
+        return convert.progress_response_to_pb(m)
 
     @_guarded
     def Relocate(self, request: spb.RelocateRequest, context: grpc.ServicerContext) -> Any:
@@ -226,21 +223,18 @@ class SidecarServicer(spb_grpc.SidecarServicer):
         if request.epoch <= 0:
             raise InvalidArgumentError(f"epoch={request.epoch} is invalid: expected the epoch of the relocation directive")
         rec, note = self.agent.relocate(rank_id, request.epoch, conn=peer.conn)
-        return spb.RelocateResponse(directive=convert.relocation_to_pb(rec), note=note)
+        return convert.relocate_response_to_pb(rec, note)
 
     @_guarded
     def Detach(self, request: spb.DetachRequest, context: grpc.ServicerContext) -> Any:
         peer = self._peer(context)
         self.agent.rank_gone(_rank_id(request.rank_id), clean=True, job_done=request.job_done, conn=peer.conn)
-        return spb.DetachResponse()
+        return convert.detach_response_to_pb()
 
     @_guarded
     def NodeStatus(self, request: spb.NodeStatusRequest, context: grpc.ServicerContext) -> Any:
         self._peer(context)
-        s = self.agent.status()
-        return spb.NodeStatusResponse(node_id=s["node_id"], pool=s["pool"], connection=s["connection"],
-                                      ranks=s["ranks"], cached_state_host_bytes=s["cached_state_host_bytes"],
-                                      events=s["events"])
+        return convert.node_status_to_pb(self.agent.status())
 
     @_guarded
     def Register(self, request: spb.RegisterRequest, context: grpc.ServicerContext) -> Any:
@@ -256,8 +250,7 @@ class SidecarServicer(spb_grpc.SidecarServicer):
             raise SidecarUnreachableError(f"sidecar of node {self.agent.config.node_id} could not relay the "
                                           f"registration: {exc}") from None
         info = job.registration
-        return spb.RegisterResponse(job=job.name, job_token=job.token, deployment=job.deployment or "",
-                                    state=info.state if info else "")
+        return convert.register_response_to_pb(job.name, job.token, job.deployment, info.state if info else "")
 
 
 class SidecarServer:

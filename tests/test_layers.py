@@ -260,6 +260,49 @@ def test_the_shim_importing_the_sidecar_is_reported(tmp_path: Path) -> None:
         ("shim", "sidecar", True)
 
 
+SIDECAR_STUBS = "rollmux.proto.sidecar_v1_pb2"
+MESSAGE_OWNERS = ("rollmux.wire", "rollmux.proto")
+"""Where sidecar messages may be built: the converter, the typed client and the stubs themselves."""
+
+
+def built_sidecar_messages(mods: dict[str, Path], root: Path = ROOT) -> Iterator[str]:
+    """`path:line builds spb.Name(...)` for every sidecar message a module outside MESSAGE_OWNERS constructs
+    (a call of an upper-case name of the sidecar stubs, through whatever alias the module imported them as)."""
+    for name, path in mods.items():
+        text = path.read_text()
+        if _longest(name, list(MESSAGE_OWNERS)) or SIDECAR_STUBS.rpartition(".")[2] not in text:
+            continue
+        tree = ast.parse(text, str(path))
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases |= {a.asname for a in node.names if a.name == SIDECAR_STUBS and a.asname}
+            elif isinstance(node, ast.ImportFrom) and node.module == "rollmux.proto":
+                aliases |= {a.asname or a.name for a in node.names if a.name == SIDECAR_STUBS.rpartition(".")[2]}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in aliases
+                    and node.func.attr[:1].isupper()):
+                yield f"{path.relative_to(root)}:{node.lineno} builds {node.func.value.id}.{node.func.attr}(...)"
+
+
+def test_only_the_wire_builds_sidecar_messages() -> None:
+    """DESIGN.md: the converter and the typed clients are the only code touching messages; the sidecar's
+    server answers through the converter, the shim asks through the client."""
+    built = list(built_sidecar_messages(modules()))
+    assert not built, "\n".join(built)
+
+
+def test_a_hand_built_sidecar_response_is_reported(tmp_path: Path) -> None:
+    """The check above can fail: a sidecar module that builds its own response is named with the line."""
+    (tmp_path / "fake.py").write_text("from rollmux.proto import sidecar_v1_pb2 as spb\n\n\n"
+                                      "def answer():\n    return spb.DetachResponse()\n")
+    (tmp_path / "convert.py").write_text("from rollmux.proto import sidecar_v1_pb2 as spb\n"
+                                         "x = spb.DetachResponse()\n")
+    mods = {"rollmux.sidecar.fake": tmp_path / "fake.py", "rollmux.wire.convert": tmp_path / "convert.py"}
+    assert list(built_sidecar_messages(mods, tmp_path)) == ["fake.py:5 builds spb.DetachResponse(...)"]
+
+
 def test_every_package_folder_ships_in_the_wheel() -> None:
     """pyproject lists packages by hand (the folders map into ``rollmux.*``): a folder missing from the list
     imports in the checkout but not from an installed wheel."""

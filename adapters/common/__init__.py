@@ -11,7 +11,7 @@ from rollmux.adapters.common.api import AdapterError, PatchTarget, Wrapper
 from rollmux.adapters.common.hooks import when_imported
 from rollmux.adapters.common.patching import Patcher, is_patched
 from rollmux.adapters.common.phases import PhaseTracker, begins, ends, spans
-from rollmux.adapters.common.registration import JobIdentity, opted_in
+from rollmux.adapters.common.registration import opted_in
 
-__all__ = ["AdapterError", "JobIdentity", "PatchTarget", "Patcher", "PhaseTracker", "Wrapper", "begins", "ends",
+__all__ = ["AdapterError", "PatchTarget", "Patcher", "PhaseTracker", "Wrapper", "begins", "ends",
            "is_patched", "opted_in", "spans", "when_imported"]

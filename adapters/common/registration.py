@@ -20,18 +20,19 @@ attaches ranks), so it is never printed, logged or written to disk.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import socket as socketlib
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
 from rollmux.core.model import MAX_PHASE_S
 from rollmux.shim import env
+from rollmux.shim.registration import Registration
 
 PROPAGATED = (env.EVENT_LOG, env.PERMIT_TIMEOUT_S, adapter_env.ROLLOUT_SIDECAR_SOCKET, adapter_env.SLO)
 """Non-secret variables copied from the driver into every Ray actor of the job (when set). Never
@@ -40,19 +41,6 @@ in every pod or raylet of the node); a runtime environment would send every work
 
 TOKEN_KV_NAMESPACE = "rollmux"
 """Namespace of the job token in the job's Ray GCS key-value store (key: ``job-token/<job>``)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobIdentity:
-    """The registered job as the adapter passes it on (the token is a secret: never print it)."""
-
-    job: str  # the registered name
-    token: str = ""  # job token (never logged, never written to disk)
-    deployment: str = "disaggregated"  # the coordinator's deployment mode for the job
-    relayed: bool = False  # True when registered through the sidecar by this process
-
-    def __repr__(self) -> str:  # keep the token out of any accidental print
-        return f"JobIdentity(job={self.job!r}, deployment={self.deployment!r}, relayed={self.relayed})"
 
 
 def opted_in() -> bool:
@@ -137,8 +125,8 @@ def phase_times() -> tuple[float | None, float | None]:
     return values[0], values[1]
 
 
-def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:
-    """Register the job for this process's opt-in and return its identity.
+def register(spec: Any, *, timeout_s: float = 30.0) -> Registration:
+    """Register the job for this process's opt-in and return its identity (its deployment mode filled in).
 
     By default the spec goes over the sidecar socket and the sidecar relays ``RegisterJob`` with its
     node credential (``rollmux.register``); the job needs no secret. Optionally, when an operator
@@ -155,24 +143,23 @@ def register(spec: Any, *, timeout_s: float = 30.0) -> JobIdentity:
     """
     token = os.environ.get(env.JOB_TOKEN, "")
     if token:
-        return JobIdentity(job=os.environ.get(env.JOB) or spec.name, token=token, relayed=False,
-                           deployment=os.environ.get(env.DEPLOYMENT) or (
-                               "disaggregated" if spec.deployment is None else spec.deployment.value))
+        return Registration(job=os.environ.get(env.JOB) or spec.name, token=token, relayed=False,
+                            deployment=os.environ.get(env.DEPLOYMENT) or (
+                                "disaggregated" if spec.deployment is None else spec.deployment.value))
     from rollmux.shim.registration import register as relay
 
     reg = relay(spec, socket=socket_path(), timeout_s=timeout_s)
     fixed = None if spec.deployment is None else spec.deployment.value
-    return JobIdentity(job=reg.job, token=reg.token, deployment=reg.deployment or fixed or "disaggregated",
-                       relayed=True)
+    return dataclasses.replace(reg, deployment=reg.deployment or fixed or "disaggregated")
 
 
-def job_env(identity: JobIdentity, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def job_env(identity: Registration, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables every Ray actor of the job needs: the opt-in, the job's name, the rest. Never the
     token (Ray logs runtime environments): see :func:`publish_token`."""
     src = os.environ if environ is None else environ
     out = {k: src[k] for k in PROPAGATED if src.get(k)}
     out[env.JOB] = identity.job
-    out[env.DEPLOYMENT] = identity.deployment
+    out[env.DEPLOYMENT] = identity.deployment or "disaggregated"
     return out
 
 
@@ -180,7 +167,7 @@ def _token_key(job: str) -> bytes:
     return f"job-token/{job}".encode()
 
 
-def publish_token(identity: JobIdentity) -> None:
+def publish_token(identity: Registration) -> None:
     """Put the job token into the connected Ray instance's GCS key-value store (memory only). Call it in
     the driver right after ``ray.init``; :func:`job_token` reads it in the job's actors."""
     from ray.experimental import internal_kv

@@ -28,9 +28,9 @@ from typing import Any
 
 from rollmux.adapters.common import registration
 from rollmux.adapters.common.api import AdapterError
-from rollmux.adapters.common.registration import JobIdentity
 from rollmux.core.errors import RollMuxError
 from rollmux.shim import env
+from rollmux.shim.registration import Registration
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def restart_name(path: str) -> str | None:
     return None if given and given != marker["job"] else str(marker["job"])
 
 
-def register(spec: Any, *, marker: str, restarted: bool) -> JobIdentity:
+def register(spec: Any, *, marker: str, restarted: bool) -> Registration:
     """Register the job (``registration.register``); `restarted` when its name came from the marker at
     `marker` (:func:`restart_name`): the registration re-attaches the relocated job with a fresh token.
 

@@ -26,7 +26,6 @@ from rollmux.adapters.common import env as adapter_env
 from rollmux.adapters.common.api import AdapterError
 from rollmux.adapters.common.registration import (
     PROPAGATED,
-    JobIdentity,
     check_sidecar,
     job_env,
     publish_token,
@@ -38,6 +37,7 @@ from rollmux.adapters.roll.gate import Gates, start_gates
 from rollmux.adapters.roll.phases import SPAN_PHASES, STEP_SPAN, Action, PhaseTracker
 from rollmux.adapters.roll.spec import job_spec
 from rollmux.shim import env
+from rollmux.shim.registration import Registration
 
 log = logging.getLogger(__name__)
 _SESSION_ATTR = "_rollmux_session"
@@ -49,7 +49,7 @@ REMEDY = f"unset {env.SIDECAR_SOCKET} to run this job without RollMux"
 class Session:
     """One opted-in pipeline: its registration, gates and span -> phase tracker."""
 
-    identity: JobIdentity
+    identity: Registration
     gates: Gates | None = None
     tracker: PhaseTracker = field(default_factory=PhaseTracker)
     gate_log: list[tuple[str, str, int, float]] = field(default_factory=list)
@@ -186,7 +186,7 @@ def _worker_configs(cfg: Any) -> list[Any]:
     return out
 
 
-def _pass_job_to_workers(cfg: Any, identity: JobIdentity) -> None:
+def _pass_job_to_workers(cfg: Any, identity: Registration) -> None:
     """Before ROLL builds its clusters: the job's name (and the non-secret variables) go to every worker
     through its cluster's ``system_envs`` (ROLL's per-worker runtime environment), the token into the
     job's Ray instance (``publish_token``), so each GPU worker can attach as a rank on its own node.

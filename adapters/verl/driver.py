@@ -19,22 +19,22 @@ from typing import Any
 
 from rollmux.adapters.common import AdapterError, registration
 from rollmux.adapters.common import relocation as common_relocation
-from rollmux.adapters.common.registration import JobIdentity
 from rollmux.adapters.verl import memory, relocation, sync_backend
 from rollmux.adapters.verl import spec as verl_spec
 from rollmux.shim import env
+from rollmux.shim.registration import Registration
 
 log = logging.getLogger(__name__)
 
-_identity: JobIdentity | None = None
+_identity: Registration | None = None
 
 
-def identity() -> JobIdentity | None:
+def identity() -> Registration | None:
     """The job registered by this process (None before registration or outside the driver)."""
     return _identity
 
 
-def register_from_config(config: Any) -> JobIdentity:
+def register_from_config(config: Any) -> Registration:
     """Refuse a trainer mode the adapter cannot gate, fail fast without a sidecar, then register the job
     described by the veRL `config` (once).
 
@@ -77,7 +77,7 @@ def runtime_env_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwar
     return runtime_env
 
 
-def _hook_next_ray_init(ident: JobIdentity) -> None:
+def _hook_next_ray_init(ident: Registration) -> None:
     """On the next ``ray.init`` (one shot): keep the job on its own local Ray instance unless an address
     was given, then publish the job token in that instance's memory for the TaskRunner."""
     import ray

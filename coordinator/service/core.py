@@ -174,7 +174,7 @@ class Coordinator:
                     rt = Runtime.from_records(records, self.cluster, self.config, clock=self.clock, wall=time.time,
                                               policy=self.policy)
                     for node_id in self._streams:
-                        if node_id in rt.nodes:
+                        if node_id in rt.state.nodes:
                             rt.node_connected(node_id)
                     self.rt = rt
                     self._grant_seq.clear()  # every lease just loaded is in the store
@@ -184,11 +184,11 @@ class Coordinator:
                     if writes:
                         await self.committer.commit(writes)
                     self._set_ready(True)
-                    log.info("state loaded: %d jobs, %d nodes, %d leases", len(rt.jobs), len(rt.nodes),
-                             len(rt.holder), extra={"fence": fence})
+                    log.info("state loaded: %d jobs, %d nodes, %d leases", len(rt.state.jobs), len(rt.state.nodes),
+                             len(rt.leases.holder), extra={"fence": fence})
                     for node_id in self._streams:
                         self._push(node_id, Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
-                        for notice in rt.relocation_notices(node_id):  # directives survive the restart
+                        for notice in rt.directives.notices_for(node_id):  # directives survive the restart
                             self._push(node_id, notice)
                     for ev in self._events.values():
                         ev.set()
@@ -262,7 +262,7 @@ class Coordinator:
         while True:
             await asyncio.sleep(wait_s)
             wait_s = REPLAN_INTERVAL_S
-            if not (self.ready and (self.rt.rescue_due or self.rt.replan)):
+            if not (self.ready and (self.rt.learning.rescue_due or self.rt.learning.replan)):
                 continue
             t0 = time.perf_counter()
             with contextlib.suppress(ServiceError):
@@ -280,32 +280,32 @@ class Coordinator:
 
     async def _refresh_gauges(self, dt: float) -> None:
         """One pass over the nodes, the jobs and the groups: this runs on the event loop between grants,
-        so at thousands of jobs it must not walk the round-robin rings (`Runtime.queues`), and it yields
+        so at thousands of jobs it must not walk the round-robin rings (`GrantQueues.queues`), and it yields
         every GAUGE_SLICE items (`_sliced`). Gauges are a sample, so state that moves while the pass
         yields is fine: the next pass sees it."""
         rt = self.rt
-        waiting = rt.queued_per_node()
+        waiting = rt.grant_queues.queued_per_node()
         qlen = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
         ready = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}
         node_states = dict.fromkeys(("ready", "lost", "draining", "drained"), 0)
-        async for node_id, node in _sliced(list(rt.nodes.items())):
+        async for node_id, node in _sliced(list(rt.state.nodes.items())):
             node_states[node.state.value] = node_states.get(node.state.value, 0) + 1
             if node.state is NodeState.READY:
                 ready[node.pool] += 1
             n = waiting.get(node_id, 0)
             if n:
                 qlen[node.pool] += n
-                if node_id not in rt.holder:
+                if node_id not in rt.leases.holder:
                     self.metrics.bubble_seconds.labels(pool=node.pool.value).inc(dt)
         for pool in (Pool.ROLLOUT, Pool.TRAIN):
             self.metrics.queue_length.labels(pool=pool.value).set(qlen[pool])
             self.metrics.pool_nodes.labels(pool=pool.value).set(ready[pool])
         usd_per_h = 0.0
-        async for group in _sliced(list(rt.placement.groups.values())):
+        async for group in _sliced(list(rt.state.placement.groups.values())):
             usd_per_h += group.usd_per_h
         self.metrics.provisioned_usd_per_h.set(usd_per_h)
         job_states = dict.fromkeys(("pending", "admitted"), 0)
-        async for job in _sliced(list(rt.jobs.values())):
+        async for job in _sliced(list(rt.state.jobs.values())):
             job_states[job.state.value] = job_states.get(job.state.value, 0) + 1
         for state in ("pending", "admitted"):
             self.metrics.jobs.labels(state=state).set(job_states[state])
@@ -377,11 +377,11 @@ class Coordinator:
     def _deliver(self, notices: list[Notice]) -> None:
         for n in notices:
             if n.kind is NoticeKind.GRANTED:
-                permit = self.rt.permits.get(n.job)
+                permit = self.rt.state.permits.get(n.job)
                 if permit is not None and permit.state is PermitState.GRANTED:
                     self._granted[permit.phase is Phase.ROLLOUT].inc()
                     self.metrics.grant_latency.observe(max(0.0, self.clock() - permit.grantable_at))
-            if n.kind is NoticeKind.RELOCATE and (rec := self.rt.relocations.get(n.job)) is not None:
+            if n.kind is NoticeKind.RELOCATE and (rec := self.rt.directives.relocations.get(n.job)) is not None:
                 self.metrics.relocations.labels(outcome="issued" if rec.state.value == "pending"
                                                 else rec.state.value).inc()
             if n.kind is NoticeKind.REVOKED and n.reason != "lease expired":
@@ -403,7 +403,7 @@ class Coordinator:
         q: asyncio.Queue[Notice | None] = asyncio.Queue()
         self._streams[node_id] = q
         q.put_nowait(Notice(kind=NoticeKind.NODE, nodes=(node_id,)))
-        for notice in self.rt.relocation_notices(node_id):  # a reconnecting sidecar hears them again
+        for notice in self.rt.directives.notices_for(node_id):  # a reconnecting sidecar hears them again
             q.put_nowait(notice)
         return q
 

@@ -20,11 +20,10 @@ import grpc
 from rollmux.coordinator.service import validate
 from rollmux.coordinator.service.auth import Authenticator
 from rollmux.coordinator.service.core import Coordinator
-from rollmux.coordinator.service.runtime import Notice, NoticeKind, Runtime
+from rollmux.coordinator.service.runtime import Notice, views
 from rollmux.coordinator.service.runtime.admission import Registered
 from rollmux.coordinator.service.runtime.api import (
     InvalidArgumentError,
-    JobState,
     NodeState,
     OutOfOrderError,
     PermissionDeniedError,
@@ -34,17 +33,9 @@ from rollmux.coordinator.service.runtime.api import (
 from rollmux.coordinator.service.runtime.records import PermitRecord
 from rollmux.core.errors import ErrorCode, SpecError
 from rollmux.core.model import (
-    ClusterInfo,
-    GroupInfo,
-    JobInfo,
     JobSpec,
-    Migration,
     Node,
-    NodeEvent,
-    NodeInfo,
-    NodeSnapshot,
     Phase,
-    Revocation,
 )
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
@@ -142,12 +133,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         be enumerated."""
         name = self._name(name, "job")
         self.core.require_ready()
-        job = self.core.rt.jobs.get(name)
+        job = views.job(self.core.rt, name)
         self.auth.verify_job(bearer(context.invocation_metadata()), name, job.token_sha256 if job else None)
         return name
 
     def _duration(self, name: str, epoch: int, value: float) -> float:
-        permit = self.core.rt.permits.get(name)
+        permit = views.permit(self.core.rt, name)
         held = None
         if permit is not None and permit.state is PermitState.GRANTED and permit.epoch == epoch:
             held = validate.held_s(permit.history, time.time())
@@ -190,7 +181,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             node_id = self._name(node_id if isinstance(node_id, str) else node_id.decode(), NODE_METADATA_KEY)
             self.auth.check_node(bearer(context.invocation_metadata()), node_id)
             self.core.require_ready()
-            self.core.rt.node(node_id)
+            views.node(self.core.rt, node_id)
         except ServiceError as exc:
             await _abort(context, exc.code, str(exc))
             return
@@ -213,7 +204,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 notice = await outbox.get()
                 if notice is None:
                     return
-                event = self._node_event(node_id, notice)
+                event = views.node_event(self.core.rt, node_id, notice)
                 if event is not None:
                     yield convert.node_event_to_pb(event)
         finally:
@@ -229,10 +220,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 if msg.HasField("unused") and self.core.ready:
                     await self._grant_without_rank(node_id, msg.unused)
                     continue
-                if not (msg.HasField("heartbeat") and self.core.ready and node_id in self.core.rt.nodes):
+                if not (msg.HasField("heartbeat") and self.core.ready and views.has_node(self.core.rt, node_id)):
                     continue
                 epochs = tuple(msg.heartbeat.active_epochs)
-                if self.core.rt.heartbeat_changes_state(node_id):  # LOST -> READY is stored: a transition
+                if views.heartbeat_changes_state(self.core.rt, node_id):  # LOST -> READY is stored: a transition
                     with contextlib.suppress(ServiceError):
                         await self.core.mutate(lambda rt, e=epochs: rt.heartbeat(node_id, e))
                 else:  # renewals and the last-heard time live in memory only
@@ -263,34 +254,6 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         log.info("job rank attached", extra={"job": name, "node": node_id, "placement": ",".join(placed)})
         return pb.ReportAttachResponse(placement_nodes=placed, attach_nodes=attach)
 
-    def _node_event(self, node_id: str, notice: Notice) -> NodeEvent | None:
-        """What the node's sidecar hears of `notice` (None: it is out of date, or not for the stream)."""
-        rt = self.core.rt
-        ttl = self.core.config.lease_ttl_s
-        if notice.kind is NoticeKind.NODE:
-            node = rt.nodes.get(node_id)
-            if node is None:
-                return None
-            holder = rt.holder.get(node_id)
-            return NodeSnapshot(node_id=node_id, state=node.state.value,
-                                holder=None if holder is None else rt.permits[holder].to_lease(ttl))
-        if notice.kind is NoticeKind.GRANTED:
-            permit = rt.permits.get(notice.job)
-            if permit is None or permit.epoch != notice.epoch:
-                return None
-            return permit.to_lease(ttl)
-        if notice.kind is NoticeKind.REVOKED:
-            return Revocation(job=notice.job, epoch=notice.epoch, reason=notice.reason)
-        if notice.kind is NoticeKind.RELOCATE:
-            rec = rt.relocations.get(notice.job)
-            if rec is None or rec.epoch != notice.epoch:
-                return None
-            return rec.to_model()
-        if notice.kind is NoticeKind.MIGRATE:
-            return Migration(job=notice.job, epoch=notice.epoch, keep_nodes=tuple(notice.keep_nodes),
-                             release_nodes=tuple(notice.release_nodes))
-        return None
-
     # ------------------------------------------------------------------------------------------
     # job side
     # ------------------------------------------------------------------------------------------
@@ -308,7 +271,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                         "refuses relayed registrations (--no-relayed-registration): register "
                                         "the job with the operator token instead")
         self.core.require_ready()
-        self.core.rt.node(node_id)
+        views.node(self.core.rt, node_id)
         return node_id
 
     @_rpc
@@ -334,12 +297,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                  extra={"job": spec.name, "group": job.group_id, "state": job.state.value,
                         "relayed_by": relayed_by})
         return pb.RegisterJobResponse(job_token=token,
-                                      status=convert.job_info_to_pb(job_status(self.core.rt, spec.name)))
+                                      status=convert.job_info_to_pb(views.job_status(self.core.rt, spec.name)))
 
     @_rpc
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> Any:
         name = self._job(context, request.job)
-        return convert.job_info_to_pb(job_status(self.core.rt, name))
+        return convert.job_info_to_pb(views.job_status(self.core.rt, name))
 
     def _wait_budget(self, timeout_s: float, context: grpc.aio.ServicerContext) -> float:
         """The server-side wait a call may make: its ask, the server maximum and the RPC deadline."""
@@ -363,7 +326,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         deadline = start + wait_s
         while True:
             if not asked:
-                if name not in core.rt.jobs:
+                if views.job(core.rt, name) is None:
                     return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_JOB_REMOVED,
                                                     waited_s=core.clock() - start,
                                                     reason=f"job {name!r} was removed while waiting")
@@ -381,7 +344,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             remaining = deadline - core.clock()
             if remaining <= 0:
                 return pb.AcquirePermitResponse(outcome=pb.WAIT_OUTCOME_TIMEOUT, waited_s=core.clock() - start,
-                                                reason=f"waited {wait_s:.3g}s: {core.rt.wait_reason(name)}")
+                                                reason=f"waited {wait_s:.3g}s: {views.wait_reason(core.rt, name)}")
             event = core.job_event(name)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=min(remaining, _HELD_POLL_S) if held else remaining)
@@ -407,7 +370,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         name = self._job(context, request.job)
         epoch = self._epoch(request.epoch)
         self._duration(name, epoch, request.duration_s)
-        permit = self.core.rt.permits.get(name)
+        permit = views.permit(self.core.rt, name)
         pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
         node_id = self._name(request.node_id, "node_id") if request.node_id else ""
         res = await self.core.mutate(lambda rt: rt.release(name, epoch, request.duration_s, node_id=node_id))
@@ -427,7 +390,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         wait_s = self._wait_budget(request.timeout_s, context)
         core = self.core
         start = core.clock()
-        permit = core.rt.permits.get(name)
+        permit = views.permit(core.rt, name)
         pool = self._pools[permit is not None and permit.phase is Phase.ROLLOUT]
         node_id = self._name(request.node_id, "node_id") if request.node_id else ""
         res, nxt = await core.mutate(lambda rt: rt.advance(name, epoch, request.duration_s, node_id=node_id))
@@ -474,8 +437,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_rpc
     async def GetClusterState(self, request: pb.ClusterStateRequest, context: grpc.aio.ServicerContext) -> Any:
         self.auth.check_operator(bearer(context.invocation_metadata()))
-        return convert.cluster_info_to_pb(cluster_state(self.core.rt, ready=self.core.ready, fence=self.core.fence,
-                                                        ttl_s=self.core.config.lease_ttl_s))
+        return convert.cluster_info_to_pb(views.cluster_state(self.core.rt, ready=self.core.ready,
+                                                              fence=self.core.fence,
+                                                              ttl_s=self.core.config.lease_ttl_s))
 
     @_rpc
     async def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -494,55 +458,4 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.DeregisterJobResponse(released_nodes=released)
 
 
-# ----------------------------------------------------------------------------------------------
-# views
-# ----------------------------------------------------------------------------------------------
-
-
-def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> JobInfo:
-    """Job `name` as the coordinator sees it now (GetJob, RegisterJob, GetClusterState)."""
-    job = rt.job(name)
-    ttl = rt.config.lease_ttl_s if ttl_s is None else ttl_s
-    permit = rt.permits.get(name)
-    rec = rt.relocations.get(name)
-    group = rt.placement.groups.get(job.group_id)
-    member = group.members.get(name) if group is not None else None
-    learned = (0.0, 0.0, 0.0)
-    if member is not None and member.profile.learned:
-        p = member.profile
-        learned = (p.t_roll_s, p.t_train_s, p.t_solo_s)
-    return JobInfo(
-        job=name, state=job.state.value, group_id=job.group_id,
-        rollout_nodes=tuple(rt.phase_nodes(job, Phase.ROLLOUT)), train_nodes=tuple(rt.phase_nodes(job, Phase.TRAIN)),
-        placement=job.placement, relayed_by=job.relayed_by,
-        next_phase=Phase.ROLLOUT if permit is None else permit.phase,
-        next_iteration=0 if permit is None else permit.iteration,
-        permit_state="pending-admission" if permit is None else permit.state.value,
-        observed_roll_s=0.0 if permit is None else permit.observed_roll_s,
-        observed_train_s=0.0 if permit is None else permit.observed_train_s,
-        lease=permit.to_lease(ttl) if permit is not None and permit.state is PermitState.GRANTED else None,
-        pending_position=rt.pending().index(name) + 1 if job.state is JobState.PENDING else 0,
-        relocation=None if rec is None else rec.to_model(), learned=learned,
-        deployment=job.deployment if job.state is JobState.ADMITTED or job.spec.deployment is not None else "")
-
-
-def cluster_state(rt: Runtime, *, ready: bool, fence: int, ttl_s: float) -> ClusterInfo:
-    """The coordinator's whole state (GetClusterState)."""
-    node_group = rt.placement.node_group
-    nodes = []
-    for node in sorted(rt.nodes.values(), key=lambda n: (n.pool.value, n.node_id)):
-        holder = rt.holder.get(node.node_id)
-        nodes.append(NodeInfo(node_id=node.node_id, pool=node.pool, gpu_type=node.gpu_type, gpu_count=node.gpu_count,
-                              host_dram_bytes=node.host_dram_bytes, state=node.state.value,
-                              group_id=node_group.get(node.node_id, ""), queue=tuple(rt.queues.get(node.node_id, [])),
-                              holder=None if holder is None else rt.permits[holder].to_lease(ttl_s),
-                              connected=node.node_id in rt.connected))
-    groups = tuple(GroupInfo(group_id=gid, jobs=tuple(g.members), rollout_nodes=tuple(g.rollout),
-                             train_nodes=tuple(g.train_nodes), usd_per_h=g.usd_per_h)
-                   for gid, g in rt.placement.groups.items())
-    return ClusterInfo(ready=ready, leader_fence=fence, pending=tuple(rt.pending()), usd_per_h=rt.placement.usd_per_h,
-                       nodes=tuple(nodes), groups=groups,
-                       jobs=tuple(job_status(rt, name, ttl_s) for name in sorted(rt.jobs, key=lambda n: rt.jobs[n].seq)))
-
-
-__all__ = ["CoordinatorServicer", "NodeState", "cluster_state", "job_status"]
+__all__ = ["CoordinatorServicer", "NodeState"]

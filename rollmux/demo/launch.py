@@ -176,7 +176,7 @@ class LocalCluster:
         if self.fill_saturated:
             # The embedded store never reloads, so the runtime built at start keeps this policy.
             live = dataclasses.replace(live_policy_config(config), fill_saturated=True)
-            self.server.core.rt.policy = RollMuxPolicy(live)
+            self.server.core.rt.state.policy = RollMuxPolicy(live)
         self.client = CoordinatorClient(self.server.address,
                                         token=operator_token(self.secret) if self.secret else None)
         sock_dir = Path(tempfile.mkdtemp(prefix="rmx-"))  # short path: sun_path is 107 bytes

@@ -1,13 +1,16 @@
 """Conversion between the wire's protobuf messages and `rollmux.core.model` types: the only code that
 builds or reads a message's domain content, for both protocols (``rollmux.v1`` coordinator,
-``rollmux.sidecar.v1`` sidecar). The RPC edges (the clients and servicers) build request and
-response envelopes of plain fields around what this module returns; nothing past them sees a message.
+``rollmux.sidecar.v1`` sidecar). The coordinator's RPC edges (its clients and servicer) build request
+and response envelopes of plain fields around what this module returns. For the sidecar protocol this
+module builds the envelopes too: the sidecar server's answers come from the functions at its end, the
+rank's requests from ``rollmux.wire.sidecar_client``; nothing past them builds a sidecar message.
 
 Decoding validates: a missing or malformed field raises `InvalidArgumentError` naming it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rollmux.core.errors import SpecError
@@ -30,6 +33,7 @@ from rollmux.core.model import (
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import sidecar_v1_pb2 as spb
 from rollmux.wire.errors import InvalidArgumentError
+from rollmux.wire.sidecar_client import Attached
 
 POOL_TO_PB = {Pool.ROLLOUT: pb.POOL_ROLLOUT, Pool.TRAIN: pb.POOL_TRAIN}
 POOL_FROM_PB = {v: k for k, v in POOL_TO_PB.items()}
@@ -263,3 +267,56 @@ def rank_event_to_pb(event: Lease | Revocation | Migration | Relocation) -> spb.
 def rank_event_from_pb(msg: spb.RankEvent) -> Lease | Revocation | Migration | Relocation | None:
     """The event a rank's stream message carries (None: ``attached``, or a kind this release does not know)."""
     return _directive_from_pb(msg)
+
+
+def attached_to_pb(attached: Attached) -> spb.RankEvent:
+    """The first message of a rank's ``Attach`` stream: its lease id and the node it holds it on."""
+    return spb.RankEvent(attached=spb.Attached(rank_id=attached.rank_id, node_id=attached.node_id,
+                                               pool=attached.pool))
+
+
+def attached_from_pb(msg: spb.RankEvent) -> Attached:
+    return Attached(rank_id=msg.attached.rank_id, node_id=msg.attached.node_id, pool=msg.attached.pool)
+
+
+# ------------------------------------------------------------------------- the sidecar's answers
+
+
+def acquire_response_to_pb(lease: Lease, waited_s: float) -> spb.AcquireResponse:
+    return spb.AcquireResponse(lease=lease_to_pb(lease), waited_s=waited_s)
+
+
+def release_response_to_pb(node_released: bool, next_phase: Phase | None, next_iteration: int
+                            ) -> spb.ReleaseResponse:
+    """`next_phase` None: this call did not release the node (PHASE_UNSPECIFIED on the wire)."""
+    return spb.ReleaseResponse(node_released=node_released, next_iteration=next_iteration,
+                               next_phase=pb.PHASE_UNSPECIFIED if next_phase is None else PHASE_TO_PB[next_phase])
+
+
+def progress_response_to_pb(migration: Migration | None) -> spb.ProgressResponse:
+    """The answer to a progress report: the long-tail migration directive, when the coordinator sent one."""
+    resp = spb.ProgressResponse()
+    if migration is not None:
+        resp.migrate.CopyFrom(migration_to_pb(migration))
+    return resp
+
+
+def relocate_response_to_pb(directive: Relocation, note: str) -> spb.RelocateResponse:
+    return spb.RelocateResponse(directive=relocation_to_pb(directive), note=note)
+
+
+def detach_response_to_pb() -> spb.DetachResponse:
+    return spb.DetachResponse()
+
+
+def node_status_to_pb(status: Mapping[str, Any]) -> spb.NodeStatusResponse:
+    """The node agent's status (``NodeAgent.status``: node_id, pool, connection, ranks,
+    cached_state_host_bytes, events)."""
+    return spb.NodeStatusResponse(node_id=status["node_id"], pool=status["pool"], connection=status["connection"],
+                                  ranks=status["ranks"], cached_state_host_bytes=status["cached_state_host_bytes"],
+                                  events=status["events"])
+
+
+def register_response_to_pb(job: str, token: str, deployment: str | None, state: str) -> spb.RegisterResponse:
+    """A relayed registration's answer (`deployment` None: not decided; `state`: the JobState value)."""
+    return spb.RegisterResponse(job=job, job_token=token, deployment=deployment or "", state=state)

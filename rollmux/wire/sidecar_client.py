@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollmux.core.model import JobSpec, Lease, Migration, Phase, Relocation, Revocation
@@ -30,24 +30,6 @@ class Attached:
     rank_id: str  # carried on every later call of the rank
     node_id: str
     pool: str  # "rollout" | "train"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Registration:
-    """A job registered through the sidecar: its name, its token (hidden from ``repr``) and the deployment mode."""
-
-    job: str  # the registered job name
-    token: str = field(repr=False)  # the job token: authenticates every permit call of the job
-    deployment: str | None = None  # deployment mode the coordinator chose (None: not decided / default)
-
-    def __post_init__(self) -> None:
-        if not self.job or not self.token:
-            raise ValueError("Registration needs a job name and a token")
-
-    def __repr__(self) -> str:
-        return f"Registration(job={self.job!r}, token=<hidden>, deployment={self.deployment!r})"
-
-    __str__ = __repr__
 
 
 class SidecarClient:
@@ -110,7 +92,7 @@ class SidecarClient:
             first = next(stream)
         except self._grpc.RpcError as exc:
             raise error_from_rpc(exc, sidecar=True) from None
-        attached = Attached(rank_id=first.attached.rank_id, node_id=first.attached.node_id, pool=first.attached.pool)
+        attached = convert.attached_from_pb(first)
 
         def events() -> Iterator[RankEvent | None]:
             try:
@@ -163,14 +145,20 @@ class SidecarClient:
 
         self._call("Detach", spb.DetachRequest(rank_id=rank_id, job_done=job_done), timeout_s)
 
-    def register(self, spec: JobSpec, nonce: str, *, timeout_s: float) -> Registration:
+    def register(self, spec: JobSpec, nonce: str, *, timeout_s: float) -> tuple[str, str, str | None]:
         """Register `spec` with the coordinator through the sidecar (`nonce` makes a retry idempotent).
-        Fails at once when nobody listens on the socket (no wait for it to become ready)."""
+        Fails at once when nobody listens on the socket (no wait for it to become ready).
+
+        Returns:
+            (job, token, deployment): the registered name, the job token and the deployment mode the
+            coordinator chose (None: not decided). The shim wraps them in its ``Registration``, the
+            one job identity type of the shim and the adapters (above this layer).
+        """
         from rollmux.proto import sidecar_v1_pb2 as spb
         from rollmux.wire import convert
 
         resp = self._call("Register", spb.RegisterRequest(spec=convert.spec_to_pb(spec), nonce=nonce), timeout_s)
-        return Registration(job=resp.job, token=resp.job_token, deployment=resp.deployment or None)
+        return resp.job, resp.job_token, resp.deployment or None
 
 
-__all__ = ["Attached", "RankEvent", "Registration", "SidecarClient"]
+__all__ = ["Attached", "RankEvent", "SidecarClient"]

@@ -90,7 +90,7 @@ class Env:
         rank = snap["ranks"].get(self.rank.rank_id if self.rank else "")
         job = snap["jobs"].get(self.job)
         return (rank is not None and rank[2] not in ("dead", "detached") and job is not None and job[3] is None
-                and self.job in self.srv.core.rt.jobs)
+                and self.job in self.srv.core.rt.state.jobs)
 
     def settle(self, rank_id: str, job: str) -> None:
         """Wait until the sidecar has handled the death of `rank_id` (its job aborted on this node, or

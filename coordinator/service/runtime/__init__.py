@@ -22,10 +22,12 @@ them) and handed the parts it calls in its constructor; no part calls one above 
 | `Admission` (`admission`)         | job records, group membership, stored groups           | leases, queues, learning, directives    |
 | `Relocations` (`relocation`)      | jobs' `moves`                                          | directives, learning, admission, leases |
 | `stored`                          | the stored form: records by key, and parsing them back | `admission.group_record`                |
-| `Runtime` (`facade`)              | nothing: wires the parts, sequences events across them, wait reasons, invariants | every part    |
+| `Runtime` (`facade`)              | nothing: wires the parts, sequences events across them, invariants | every part              |
+| `views`                           | nothing: job status, the cluster view, a node's events, wait reasons (read only) | the parts' fields |
 
-`tests/coordinator/service/test_runtime_parts.py` holds this order (no module imports one listed after
-it) and that no part subclasses another.
+Readers take the parts' fields directly (`rt.state.jobs`, `rt.leases.holder`); the servicer answers
+through `views`. `tests/coordinator/service/test_runtime_parts.py` holds this order (no module imports one
+listed after it) and that no part subclasses another; `test_parts.py` tests each part on its own.
 
 Events between parts are explicit calls: a node that became READY again (`NodeLiveness.connect`,
 `heard` return True) gets grants and admissions from `Runtime`; a departure (`remove_job`) is told to

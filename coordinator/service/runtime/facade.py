@@ -2,20 +2,19 @@
 
 Every public method validates (through the part that owns the records) before it changes anything,
 and delegates to one part, or, where an event crosses parts, calls them in a fixed order (see the
-package docstring). Owns no field of its own; its attributes are the parts and read-only views of
-their fields (`jobs`, `permits`, `holder`, ...), kept for the shell, the status views and the tests.
+package docstring). Owns no field of its own; its attributes are the parts. Readers read the parts'
+fields directly (`rt.state.jobs`, `rt.leases.holder`, ...); the views the servicer answers with (job
+status, the cluster, a node's events, wait reasons) are in `views`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rollmux.coordinator.policy import ClusterState
 from rollmux.coordinator.policy.api import PlacementPolicy
-from rollmux.coordinator.policy.grants import Ring, current_turn
 from rollmux.coordinator.service.runtime import stored
 from rollmux.coordinator.service.runtime.admission import Admission, Registered
-from rollmux.coordinator.service.runtime.api import JobState, NodeState, PermitState, ServiceConfig
+from rollmux.coordinator.service.runtime.api import NodeState, PermitState, ServiceConfig
 from rollmux.coordinator.service.runtime.directives import Directives
 from rollmux.coordinator.service.runtime.grants import GrantQueues
 from rollmux.coordinator.service.runtime.learning import PhaseLearning
@@ -24,14 +23,12 @@ from rollmux.coordinator.service.runtime.migration import LongTailMigration
 from rollmux.coordinator.service.runtime.nodes import NodeLiveness
 from rollmux.coordinator.service.runtime.records import (
     JobRecord,
-    Meta,
     NodeRecord,
     PermitRecord,
     RelocationRecord,
 )
 from rollmux.coordinator.service.runtime.relocation import Relocations
 from rollmux.coordinator.service.runtime.state import Clock, Notice, RuntimeState
-from rollmux.coordinator.service.runtime.states import PERMIT_PARKED
 from rollmux.core.model import ClusterSpec, JobSpec, Migration, Phase, Pool
 
 
@@ -50,101 +47,9 @@ class Runtime:
         self.admission = Admission(self.state, self.leases, self.grant_queues, self.learning, self.directives)
         self.relocation = Relocations(self.state, self.directives, self.learning, self.admission, self.leases)
 
-    # ------------------------------------------------------- read-only views of the parts' fields
-    @property
-    def cluster(self) -> ClusterSpec:
-        return self.state.cluster
-
-    @property
-    def config(self) -> ServiceConfig:
-        return self.state.config
-
-    @property
-    def clock(self) -> Clock:
-        return self.state.clock
-
-    @property
-    def wall(self) -> Clock:
-        return self.state.wall
-
-    @property
-    def meta(self) -> Meta:
-        return self.state.meta
-
-    @property
-    def nodes(self) -> dict[str, NodeRecord]:
-        return self.state.nodes
-
-    @property
-    def jobs(self) -> dict[str, JobRecord]:
-        return self.state.jobs
-
-    @property
-    def permits(self) -> dict[str, PermitRecord]:
-        return self.state.permits
-
-    @property
-    def placement(self) -> ClusterState:
-        return self.state.placement
-
-    @property
-    def connected(self) -> set[str]:
-        return self.liveness.connected
-
-    @property
-    def holder(self) -> dict[str, str]:
-        return self.leases.holder
-
-    @property
-    def served(self) -> dict[str, str]:
-        return self.grant_queues.served
-
-    @property
-    def relocations(self) -> dict[str, RelocationRecord]:
-        return self.directives.relocations
-
-    @property
-    def learned(self) -> dict[str, list[tuple[float, float]]]:
-        return self.learning.learned
-
-    @property
-    def rescue_due(self) -> dict[str, None]:
-        return self.learning.rescue_due
-
-    @property
-    def replan(self) -> dict[str, None]:
-        return self.learning.replan
-
-    @property
-    def policy(self) -> PlacementPolicy:
-        return self.state.policy
-
-    @policy.setter
-    def policy(self, policy: PlacementPolicy) -> None:
-        self.state.policy = policy
-
-    @property
-    def queues(self) -> dict[str, list[str]]:
-        """node -> jobs waiting for it (derived; for status and metrics)."""
-        return self.grant_queues.queues
-
-    def queued_per_node(self) -> dict[str, int]:
-        return self.grant_queues.queued_per_node()
-
     def take_changes(self) -> tuple[dict[str, str | None], list[Notice]]:
+        """The records changed and the notices queued since the last call (the shell commits and delivers them)."""
         return self.state.take_changes()
-
-    def job(self, name: str) -> JobRecord:
-        return self.state.job(name)
-
-    def node(self, node_id: str) -> NodeRecord:
-        return self.state.node(node_id)
-
-    def pending(self) -> list[str]:
-        return self.state.pending()
-
-    def phase_nodes(self, job: JobRecord, phase: Phase) -> tuple[str, ...]:
-        return self.state.phase_nodes(job, phase)
 
     # ------------------------------------------------------------------------------------- nodes
     def register_node(self, *, node_id: str, pool: Pool, gpu_type: str, gpu_count: int,
@@ -170,9 +75,6 @@ class Runtime:
         """A node became READY: grant what waits for it, and admit pending jobs that may fit now."""
         self.leases.grant_waiting([node_id])
         self.admission.try_admit()
-
-    def heartbeat_changes_state(self, node_id: str) -> bool:
-        return self.liveness.heartbeat_changes_state(node_id)
 
     def drain_node(self, node_id: str) -> NodeState:
         """Stop granting on a node and placing jobs on it; the running permit finishes."""
@@ -228,10 +130,6 @@ class Runtime:
     def ack_relocation(self, name: str, epoch: int) -> tuple[RelocationRecord, str]:
         return self.relocation.ack_relocation(name, epoch)
 
-    def relocation_notices(self, node_id: str) -> list[Notice]:
-        """Pending directives a (re)connecting node's sidecar should hear of again."""
-        return self.directives.notices_for(node_id)
-
     # --------------------------------------------------------------------------------- deadlines
     def expire(self) -> list[str]:
         """Turn silent nodes LOST, revoke every lease past its TTL, end directives past their deadline
@@ -259,46 +157,7 @@ class Runtime:
         config = self.state.config
         return min(config.lease_ttl_s, config.heartbeat_lapse_s, config.relocation_deadline_s)
 
-    # ------------------------------------------------------------------------ views and invariants
-    def wait_reason(self, name: str) -> str:
-        """Why a job's permit is not granted yet, naming the blocker."""
-        state = self.state
-        job = state.job(name)
-        if job.state is JobState.PENDING and job.attach_nodes:
-            pos = state.pending().index(name) + 1
-            return (f"job {name!r} is pending admission (position {pos}): its ranks attached on node(s) "
-                    f"{', '.join(job.attach_nodes)} and no placement including them fits the free nodes yet")
-        if job.state is JobState.PENDING:
-            pos = state.pending().index(name) + 1
-            return (f"job {name!r} is pending admission (position {pos}): the free nodes cannot host its "
-                    "placement yet")
-        permit = state.permits.get(name)
-        if permit is None:
-            return f"job {name!r} has no permit yet"
-        if permit.state in PERMIT_PARKED:
-            return f"job {name!r} {permit.phase.value}({permit.iteration}) lease {permit.state.value}"
-        what = f"{permit.phase.value}({permit.iteration})"
-        rings = self.grant_queues.rings(job.group_id) if permit.state is PermitState.QUEUED else {}
-        for n in state.phase_nodes(job, permit.phase):
-            blocker = self._blocker(name, n, rings.get(n))
-            if blocker is not None:
-                return f"{what} {blocker}"
-        return f"{what} {permit.state.value}"
-
-    def _blocker(self, name: str, node_id: str, ring: Ring | None) -> str | None:
-        """What on `node_id` keeps job `name` waiting (its turn, a holder, the node), or None."""
-        turn = None if ring is None else current_turn(ring, self.leases.parked())
-        if turn is not None and turn != name:
-            return (f"waits for its round-robin turn on node {node_id}: queued behind job {turn!r} "
-                    f"(turn order {', '.join(ring.order)})")  # type: ignore[union-attr]
-        holder = self.leases.holder
-        if node_id in holder and holder[node_id] != name:
-            return f"waits for node {node_id} held by job {holder[node_id]!r}"
-        if node_id not in holder and not self.liveness.usable(node_id):
-            return f"waits for node {node_id} ({self.state.nodes[node_id].state.value}, " \
-                   f"{'connected' if node_id in self.liveness.connected else 'sidecar not connected'})"
-        return None
-
+    # ------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Mutual exclusion and round-robin turns on members; raises AssertionError naming the violation."""
         state, holder = self.state, self.leases.holder

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rollmux.adapters.common import AdapterError, JobIdentity
+from rollmux.adapters.common import AdapterError
 from rollmux.adapters.common import registration as reg
+from rollmux.shim.registration import Registration
 from tests.adapters.conftest import run_fresh
 
 
@@ -43,7 +44,7 @@ def test_job_name_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLMUX_JOB", "given")
     assert reg.job_name("x") == "given"
     monkeypatch.setenv("ROLLMUX_SIDECAR_SOCKET", "/run/s.sock")
-    ident = JobIdentity(job="given", token="s3cret")
+    ident = Registration(job="given", token="s3cret")
     envs = reg.job_env(ident)
     assert envs["ROLLMUX_JOB"] == "given"
     assert "ROLLMUX_SIDECAR_SOCKET" not in envs, "each node's processes name their own node's sidecar"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.profiler import resolve
-from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime import Runtime, views
 from rollmux.coordinator.service.runtime.api import ServiceConfig
 from rollmux.core.model import ClusterSpec, JobSpec, Pool
 
@@ -36,7 +36,7 @@ def make_runtime(n_rollout: int = 4, n_train: int = 2, *, ttl: float = 10.0, hea
     for i in range(n_train):
         rt.register_node(node_id=f"t{i}", pool=Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * TB,
                          nvml={})
-    for node_id in list(rt.nodes):
+    for node_id in list(rt.state.nodes):
         rt.node_connected(node_id)  # READY only with a stream: the runtime stands for the sidecar's
     rt.take_changes()
     return rt, clock
@@ -58,7 +58,7 @@ def grant(rt: Runtime, name: str):  # type: ignore[no-untyped-def]
     """Ask for the job's current phase and return its permit, which must be GRANTED."""
     from rollmux.coordinator.service.runtime.api import PermitState
 
-    p = rt.permits[name]
+    p = rt.state.permits[name]
     got = rt.acquire(name, p.phase, p.iteration)
-    assert got is not None and got.state is PermitState.GRANTED, rt.wait_reason(name)
+    assert got is not None and got.state is PermitState.GRANTED, views.wait_reason(rt, name)
     return got

@@ -55,7 +55,7 @@ def fill_and_queue(rt: Runtime, queued: int) -> None:
 def test_a_registration_decides_only_the_new_job_when_nothing_else_changed() -> None:
     rt, policy = counting_runtime()
     fill_and_queue(rt, 12)
-    assert [j for j in rt.jobs.values() if j.state is JobState.ADMITTED] == [rt.jobs["fit0"], rt.jobs["fit1"]]
+    assert [j for j in rt.state.jobs.values() if j.state is JobState.ADMITTED] == [rt.state.jobs["fit0"], rt.state.jobs["fit1"]]
     policy.asked.clear()
     register(rt, "q12", nt=24)
     # the new job, and on scratch forks the pending jobs its lookahead prices (the first of the queue)
@@ -83,26 +83,26 @@ def test_a_new_node_decides_the_queue_again_in_arrival_order() -> None:
     assert rt.state.pending() == ["first", "second"]
     rt.register_node(node_id="t2", pool=Pool.TRAIN, gpu_type="H800", gpu_count=8, host_dram_bytes=2 * TB, nvml={})
     rt.node_connected("t2")
-    assert rt.jobs["first"].state is JobState.ADMITTED and rt.jobs["first"].group_id == "g0"
-    assert rt.jobs["second"].state is JobState.ADMITTED  # it joins the group (the pool's 3 nodes are taken)
+    assert rt.state.jobs["first"].state is JobState.ADMITTED and rt.state.jobs["first"].group_id == "g0"
+    assert rt.state.jobs["second"].state is JobState.ADMITTED  # it joins the group (the pool's 3 nodes are taken)
 
 
 def test_a_node_coming_back_decides_the_queue_again() -> None:
     rt, _ = make_runtime(4, 3)
     rt.node_disconnected("t2")
     register(rt, "wide", nt=24)  # 3 training nodes, 2 READY: decided, remembered as unfit
-    assert rt.jobs["wide"].state is JobState.PENDING and "wide" in rt.admission.unfit
+    assert rt.state.jobs["wide"].state is JobState.PENDING and "wide" in rt.admission.unfit
     register(rt, "also", nt=24)  # nothing changed for "wide": not decided again, still pending
     assert rt.state.pending() == ["wide", "also"]
     rt.node_connected("t2")
-    assert rt.jobs["wide"].state is JobState.ADMITTED and "t2" in rt.state.job_nodes(rt.jobs["wide"])
+    assert rt.state.jobs["wide"].state is JobState.ADMITTED and "t2" in rt.state.job_nodes(rt.state.jobs["wide"])
 
 
 STEPS = 40  # a few seconds a seed on one core: deciding every job on every event is the slow half
 
 
 def snapshot(rt: Runtime) -> dict[str, tuple[str, str, tuple[str, ...]]]:
-    return {n: (j.state.value, j.group_id, rt.state.job_nodes(j)) for n, j in sorted(rt.jobs.items())}
+    return {n: (j.state.value, j.group_id, rt.state.job_nodes(j)) for n, j in sorted(rt.state.jobs.items())}
 
 
 def random_trace(seed: int, *, steps: int, full: bool) -> list[dict[str, tuple[str, str, tuple[str, ...]]]]:
@@ -115,14 +115,14 @@ def random_trace(seed: int, *, steps: int, full: bool) -> list[dict[str, tuple[s
     rt.admission.remember_unfit = not full
     for step in range(steps):
         roll = rng.random()
-        if roll < 0.55 or not rt.jobs:
+        if roll < 0.55 or not rt.state.jobs:
             register(rt, f"j{step}", nr=8 * rng.choice([1, 1, 2]), nt=8 * rng.choice([1, 1, 2, 3]),
                      t_roll_s=rng.choice([60.0, 100.0, 200.0]), t_train_s=rng.choice([40.0, 100.0, 150.0]),
                      slo=rng.choice([1.2, 1.5, 2.0]))
         elif roll < 0.8:
-            rt.remove_job(rng.choice(sorted(rt.jobs)), reason="done")
+            rt.remove_job(rng.choice(sorted(rt.state.jobs)), reason="done")
         elif roll < 0.85 and rt.state.pending():  # a pending job's ranks attached on a free node
-            free = sorted(n for n in rt.nodes if n not in rt.state.placement.node_group and n not in lost)
+            free = sorted(n for n in rt.state.nodes if n not in rt.state.placement.node_group and n not in lost)
             if free:
                 rt.report_attach(rng.choice(rt.state.pending()), rng.choice(free))
         elif lost and roll < 0.92:
@@ -130,7 +130,7 @@ def random_trace(seed: int, *, steps: int, full: bool) -> list[dict[str, tuple[s
             lost.discard(node)
             rt.node_connected(node)
         else:
-            free = sorted(n for n in rt.nodes if n not in rt.state.placement.node_group and n not in lost)
+            free = sorted(n for n in rt.state.nodes if n not in rt.state.placement.node_group and n not in lost)
             if free:
                 node = rng.choice(free)
                 lost.add(node)

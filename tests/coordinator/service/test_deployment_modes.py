@@ -3,7 +3,7 @@ its job's round-robin turn there, followed by its own Train and Sync in the same
 
 from __future__ import annotations
 
-from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime import Runtime, views
 from rollmux.coordinator.service.runtime.api import PermitState
 from rollmux.coordinator.service.runtime.records import GroupRecord, JobRecord
 from rollmux.core.model import Phase
@@ -16,7 +16,7 @@ def test_a_train_heavy_job_runs_every_phase_on_training_nodes() -> None:
     rt, _ = make_runtime(n_rollout=0, n_train=1, modes=True)
     job = register(rt, "a", t_roll_s=20, t_train_s=200, slo=1.3)
     assert job.deployment == "colocated-train" and job.rollout_nodes == ()
-    (train_node,) = rt.placement.groups[job.group_id].train_nodes
+    (train_node,) = rt.state.placement.groups[job.group_id].train_nodes
     for phase in (Phase.ROLLOUT, Phase.TRAIN, Phase.SYNC):
         p = grant(rt, "a")
         assert p.phase is phase and p.nodes == (train_node,)
@@ -34,11 +34,11 @@ def test_a_co_located_job_time_shares_the_training_pool_in_turn_with_a_disaggreg
     heavy = replace(spec("r", t_roll_s=400, t_train_s=40, slo=1.5), deployment="disaggregated")
     rt.register_job(heavy, token_sha256="tr", nonce_sha256="nr")
     small = register(rt, "s", nr=16, t_roll_s=100, t_train_s=150, slo=2.0)  # two rollout nodes: none free
-    assert small.deployment == "colocated-train" and small.group_id == rt.jobs["r"].group_id
-    (t0,) = rt.placement.groups[small.group_id].train_nodes
+    assert small.deployment == "colocated-train" and small.group_id == rt.state.jobs["r"].group_id
+    (t0,) = rt.state.placement.groups[small.group_id].train_nodes
     pr = grant(rt, "r")  # r's Rollout on its rollout node
     assert pr.nodes != (t0,)
-    assert "turn" in rt.wait_reason("s")  # s's Rollout queues on t0 behind r's Train (member order r, s)
+    assert "turn" in views.wait_reason(rt, "s")  # s's Rollout queues on t0 behind r's Train (member order r, s)
     rt.release("r", pr.epoch, 1.0)
     for phase in (Phase.TRAIN, Phase.SYNC):
         p = grant(rt, "r")
@@ -50,7 +50,7 @@ def test_a_co_located_job_time_shares_the_training_pool_in_turn_with_a_disaggreg
         assert p.phase is phase and p.nodes == (t0,)
         if phase is Phase.ROLLOUT:
             rt.release("r", pr1.epoch, 1.0)
-            assert rt.permits["r"].state is PermitState.QUEUED  # r's Train(1) waits: the turn is s's
+            assert rt.state.permits["r"].state is PermitState.QUEUED  # r's Train(1) waits: the turn is s's
         rt.release("s", p.epoch, 1.0)
     assert grant(rt, "r").phase is Phase.TRAIN
     rt.check_invariants()
@@ -74,16 +74,15 @@ def test_without_the_flag_every_job_is_disaggregated() -> None:
 
 def test_the_job_view_and_the_wire_carry_the_chosen_mode() -> None:
     """`rollmux status` and GetJob show the mode a job's phases are laid out by; "" before it is decided."""
-    from rollmux.coordinator.service.servicer import job_status
     from rollmux.wire.convert import job_info_from_pb, job_info_to_pb
 
     rt, _ = make_runtime(n_rollout=0, n_train=1, modes=True)
     register(rt, "a", t_roll_s=20, t_train_s=200, slo=1.3)
-    info = job_status(rt, "a")
+    info = views.job_status(rt, "a")
     assert info.deployment == "colocated-train"
     assert job_info_from_pb(job_info_to_pb(info)).deployment == "colocated-train"
     waiting = register(rt, "b", nt=64, t_roll_s=20, t_train_s=200, slo=1.3)  # no node can take it yet
-    assert waiting.state.value == "pending" and job_status(rt, "b").deployment == ""
+    assert waiting.state.value == "pending" and views.job_status(rt, "b").deployment == ""
 
 
 def test_rollmux_status_prints_each_jobs_mode(client, coordinator, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -61,12 +61,12 @@ class Env:
         self.srv.run(lambda: self.srv.core.rt.check_invariants())
 
     def epoch(self) -> int:
-        permit = self.srv.core.rt.permits.get("fz")
+        permit = self.srv.core.rt.state.permits.get("fz")
         return permit.epoch if permit is not None else 0
 
     def wait_streams_closed(self) -> None:
         deadline = time.monotonic() + 5
-        while self.srv.run(lambda: bool(set(self.srv.core.rt.connected) - set(HOSTS))) and time.monotonic() < deadline:
+        while self.srv.run(lambda: bool(set(self.srv.core.rt.liveness.connected) - set(HOSTS))) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.02)
 
@@ -169,7 +169,7 @@ def test_fuzz_every_coordinator_rpc(env: Env) -> None:
     for name, token in env.accepted_jobs.items():
         with contextlib.suppress(ServiceError):  # already removed by a fuzzed DeregisterJob/RemoveJob
             env.op.job(name, token).deregister()
-    if "fz" in env.srv.core.rt.jobs:
+    if "fz" in env.srv.core.rt.state.jobs:
         env.fz.deregister()
     good = env.op.register_job(job_spec("good"))
     permit = good.acquire(Phase.ROLLOUT, 0, timeout_s=30)

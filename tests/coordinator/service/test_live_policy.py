@@ -13,7 +13,7 @@ import pytest
 
 from rollmux.coordinator.policy.api import PolicyConfig
 from rollmux.coordinator.policy.profiler import resolve
-from rollmux.coordinator.service.runtime import Runtime
+from rollmux.coordinator.service.runtime import Runtime, views
 from rollmux.coordinator.service.runtime.api import PermitState, ServiceConfig
 from rollmux.core.model import ClusterSpec, JobSpec, Pool, RelocationState
 from rollmux.wire.client import CoordinatorClient
@@ -49,8 +49,8 @@ def test_work_aware_off_takes_the_cheapest_join() -> None:
     add_nodes(rt, rollout=2, train=2, rollout_dram=int(1.5e9))
     for name in "ab":
         rt.register_job(resolve(stretching(name), ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
-    assert rt.jobs["b"].group_id == rt.jobs["a"].group_id  # +$14.80/h beats $57.04/h alone
-    assert not rt.policy.config.work_aware  # type: ignore[attr-defined]
+    assert rt.state.jobs["b"].group_id == rt.state.jobs["a"].group_id  # +$14.80/h beats $57.04/h alone
+    assert not rt.state.policy.config.work_aware  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def two_lone_jobs(n_train: int = 3, config: ServiceConfig | None = None) -> Runt
     rt = Runtime(ClusterSpec(), config or ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
     add_nodes(rt, rollout=2, train=n_train)
     add_jobs(rt, "AB", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)  # elastic: their Trains may pool
-    assert [rt.jobs[n].group_id for n in "AB"] == ["g0", "g1"]
+    assert [rt.state.jobs[n].group_id for n in "AB"] == ["g0", "g1"]
     rt.take_changes()
     return rt
 
@@ -89,9 +89,9 @@ def to_boundary(rt: Runtime, name: str, seconds: tuple[float, float, float] = (1
     """Run `name`'s Rollout, Train and Sync, each measured at `seconds` (its next Rollout is then not
     handed out: a boundary)."""
     for duration_s in seconds:
-        p = rt.permits[name]
+        p = rt.state.permits[name]
         got = rt.acquire(name, p.phase, p.iteration)
-        assert got is not None and got.state is PermitState.GRANTED, rt.wait_reason(name)
+        assert got is not None and got.state is PermitState.GRANTED, views.wait_reason(rt, name)
         rt.release(name, got.epoch, duration_s)
         rt.check_invariants()
 
@@ -100,31 +100,31 @@ def test_a_pool_merge_switches_each_job_on_its_own_ack() -> None:
     rt = two_lone_jobs()
     a = rt.plan_relocations(["g0"])
     assert a is not None and "pool their training nodes" in a.reason
-    b = rt.relocations["B"]
+    b = rt.directives.relocations["B"]
     assert b.epoch == a.epoch and b.state is RelocationState.PENDING and a.to_group == b.to_group == ""
 
     to_boundary(rt, "B")  # B reaches its boundary first: it opens the pooled group (the two are alike)
     rec, _ = rt.ack_relocation("B", b.epoch)
     assert rec.state is RelocationState.SWITCHED and rec.to_group == "g2" and len(rec.train_nodes) == 2
-    assert rt.relocations["A"].to_group == "g2" and rt.relocations["A"].state is RelocationState.PENDING
-    assert {n: rt.jobs[n].group_id for n in "AB"} == {"A": "g0", "B": "g2"}  # each alone, on its own nodes
+    assert rt.directives.relocations["A"].to_group == "g2" and rt.directives.relocations["A"].state is RelocationState.PENDING
+    assert {n: rt.state.jobs[n].group_id for n in "AB"} == {"A": "g0", "B": "g2"}  # each alone, on its own nodes
     rt.check_invariants()
-    rt = Runtime.from_records(rt.records(), rt.cluster, rt.config, clock=rt.clock, wall=rt.wall)  # a restart
-    for node_id in list(rt.nodes):
+    rt = Runtime.from_records(rt.records(), rt.state.cluster, rt.state.config, clock=rt.state.clock, wall=rt.state.wall)  # a restart
+    for node_id in list(rt.state.nodes):
         rt.node_connected(node_id)
 
     to_boundary(rt, "A")
     rec, _ = rt.ack_relocation("A", a.epoch)
     assert rec.state is RelocationState.SWITCHED
-    assert list(rt.placement.groups) == ["g2"] and list(rt.placement.groups["g2"].members) == ["B", "A"]
-    g2 = rt.placement.groups["g2"]
+    assert list(rt.state.placement.groups) == ["g2"] and list(rt.state.placement.groups["g2"].members) == ["B", "A"]
+    g2 = rt.state.placement.groups["g2"]
     assert len(g2.train_nodes) == 2 and len(g2.rollout) == 1  # one rollout node released, no training node bought
-    assert [rt.permits[n].iteration for n in "AB"] == [1, 1] and rt.jobs["A"].moves == rt.jobs["B"].moves == 1
+    assert [rt.state.permits[n].iteration for n in "AB"] == [1, 1] and rt.state.jobs["A"].moves == rt.state.jobs["B"].moves == 1
     rt.check_invariants()
     for _ in range(2):  # both go on in the merged group, in turn
         for name in "BA":
             to_boundary(rt, name)
-    assert [rt.permits[n].iteration for n in "AB"] == [3, 3]
+    assert [rt.state.permits[n].iteration for n in "AB"] == [3, 3]
 
 
 def test_a_merge_whose_second_half_expires_leaves_the_first_alone_and_looks_again() -> None:
@@ -133,18 +133,18 @@ def test_a_merge_whose_second_half_expires_leaves_the_first_alone_and_looks_agai
     assert a is not None
     to_boundary(rt, "A")
     assert rt.ack_relocation("A", a.epoch)[0].state is RelocationState.SWITCHED
-    rt.clock.advance(6.0)  # type: ignore[attr-defined]
+    rt.state.clock.advance(6.0)  # type: ignore[attr-defined]
     rt.expire()
-    assert rt.relocations["B"].state is RelocationState.EXPIRED and rt.jobs["B"].group_id == "g1"
-    assert {n: rt.jobs[n].group_id for n in "AB"} == {"A": "g2", "B": "g1"}
+    assert rt.directives.relocations["B"].state is RelocationState.EXPIRED and rt.state.jobs["B"].group_id == "g1"
+    assert {n: rt.state.jobs[n].group_id for n in "AB"} == {"A": "g2", "B": "g1"}
     rt.check_invariants()  # a valid placement: A alone in the pooled group, B where it was
-    back = rt.relocations["A"]  # A, alone in a training pool larger than it needs, may go back
+    back = rt.directives.relocations["A"]  # A, alone in a training pool larger than it needs, may go back
     assert back.epoch > a.epoch and back.state is RelocationState.PENDING and back.from_group == "g2"
 
 
 def test_a_merge_that_does_not_fit_the_free_nodes_is_not_directed() -> None:
     rt = two_lone_jobs(n_train=2)  # the pooled group would need B's training node while B runs on it
-    assert rt.plan_relocations(["g0"]) is None and rt.relocations == {}
+    assert rt.plan_relocations(["g0"]) is None and rt.directives.relocations == {}
 
 
 def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> None:
@@ -156,16 +156,16 @@ def test_the_second_half_of_a_merge_waits_for_the_job_that_opens_the_group() -> 
         rt.register_job(resolve(s, ClusterSpec()), token_sha256="t", nonce_sha256="n" + name)
     a = rt.plan_relocations(["g1"])  # planned for B; the directive returned is the first half's
     assert a is not None and a.job == "A"
-    b = rt.relocations["B"]
+    b = rt.directives.relocations["B"]
     assert b.epoch == a.epoch
     to_boundary(rt, "B")
     rec, note = rt.ack_relocation("B", b.epoch)
-    assert rec.state is RelocationState.PENDING and "waiting for A" in note and rt.jobs["B"].group_id == "g1"
+    assert rec.state is RelocationState.PENDING and "waiting for A" in note and rt.state.jobs["B"].group_id == "g1"
     to_boundary(rt, "A")
     assert rt.ack_relocation("A", b.epoch)[0].state is RelocationState.SWITCHED
     to_boundary(rt, "B")
     assert rt.ack_relocation("B", b.epoch)[0].state is RelocationState.SWITCHED
-    (g,) = rt.placement.groups.values()
+    (g,) = rt.state.placement.groups.values()
     assert list(g.members) == ["A", "B"] and len(g.train_nodes) == 3 and len(g.rollout) == 1
     rt.check_invariants()
 
@@ -181,20 +181,20 @@ def test_a_learning_event_looks_for_moves_in_the_group(on: bool) -> None:
     rt = two_lone_jobs(config=ServiceConfig(policy=PolicyConfig.live(regroup_on_learn=on)))
     for _ in range(3):  # learn_min_samples
         to_boundary(rt, "A", (2.0, 0.5, 0.5))
-    assert rt.placement.groups["g0"].members["A"].profile.learned and rt.relocations == {}
+    assert rt.state.placement.groups["g0"].members["A"].profile.learned and rt.directives.relocations == {}
     for _ in range(3):
         to_boundary(rt, "B", (2.0, 0.5, 0.5))
-    assert rt.placement.groups["g1"].members["B"].profile.learned
+    assert rt.state.placement.groups["g1"].members["B"].profile.learned
     # the search is queued for the paced planner (`Coordinator._replanner`), not made in the release
     # both events queued, oldest first; planned once both are learned, g0's search finds the merge
-    assert rt.relocations == {} and list(rt.replan) == (["g0", "g1"] if on else [])
+    assert rt.directives.relocations == {} and list(rt.learning.replan) == (["g0", "g1"] if on else [])
     rt.plan_deferred()
     if on:
-        assert [(r.job, r.from_group, r.to_group) for r in rt.relocations.values()] == [("A", "g0", "g1")]
-        assert list(rt.replan) == ["g1"] and rt.plan_deferred() is None  # kept while a directive is pending
-        assert list(rt.replan) == ["g1"]
+        assert [(r.job, r.from_group, r.to_group) for r in rt.directives.relocations.values()] == [("A", "g0", "g1")]
+        assert list(rt.learning.replan) == ["g1"] and rt.plan_deferred() is None  # kept while a directive is pending
+        assert list(rt.learning.replan) == ["g1"]
     else:
-        assert rt.relocations == {}
+        assert rt.directives.relocations == {}
 
 
 def test_a_member_its_learned_times_put_over_its_slo_is_rescued_whatever_it_costs() -> None:
@@ -203,18 +203,18 @@ def test_a_member_its_learned_times_put_over_its_slo_is_rescued_whatever_it_cost
     rt = Runtime(ClusterSpec(), ServiceConfig(), clock=(clock := FakeClock()), wall=clock)
     add_nodes(rt, rollout=2, train=2)
     add_jobs(rt, "AC", t_roll_s=40, t_train_s=10, slo=1.5)
-    assert rt.jobs["A"].group_id == rt.jobs["C"].group_id == "g0"
+    assert rt.state.jobs["A"].group_id == rt.state.jobs["C"].group_id == "g0"
     for _ in range(3):
         for name in "AC":
             to_boundary(rt, name, (1.0, 3.0, 1.0))
-    assert list(rt.rescue_due) == ["g0"] and rt.relocations == {}  # queued for the paced planner, at the front
+    assert list(rt.learning.rescue_due) == ["g0"] and rt.directives.relocations == {}  # queued for the paced planner, at the front
     rt.plan_deferred()
-    (rec,) = rt.relocations.values()
+    (rec,) = rt.directives.relocations.values()
     assert rec.reason.startswith("SLO risk in g0") and rec.to_group == ""
     to_boundary(rt, rec.job, (1.0, 3.0, 1.0))
     done, _ = rt.ack_relocation(rec.job, rec.epoch)
     assert done.state is RelocationState.SWITCHED  # taken though a group of its own costs more
-    assert {rt.jobs[n].group_id for n in "AC"} == {"g0", "g1"}
+    assert {rt.state.jobs[n].group_id for n in "AC"} == {"g0", "g1"}
     rt.check_invariants()
 
 
@@ -232,17 +232,17 @@ def test_the_live_merge_search_prices_at_most_its_bound_of_lone_jobs(monkeypatch
     rt = two_lone_jobs(n_train=6)
     add_nodes(rt, rollout=4, train=0, first_rollout=2)
     add_jobs(rt, "CDEF", t_roll_s=100, t_train_s=300, slo=1.3, elastic=True)
-    assert len({rt.jobs[n].group_id for n in "ABCDEF"}) == 6
+    assert len({rt.state.jobs[n].group_id for n in "ABCDEF"}) == 6
     priced: list[str] = []
     real = regroup._pair_cost
     monkeypatch.setattr(regroup, "_pair_cost", lambda a, b, *args, **kw: priced.append(b.name) or real(a, b, *args, **kw))
-    assert rt.policy.config.merge_candidates == 2
-    gid = rt.jobs["F"].group_id
-    moves = regroup._pool_merge(rt.placement, rt.policy, "F", gid, rt.relocation.remaining_s)
+    assert rt.state.policy.config.merge_candidates == 2
+    gid = rt.state.jobs["F"].group_id
+    moves = regroup._pool_merge(rt.state.placement, rt.state.policy, "F", gid, rt.relocation.remaining_s)
     assert priced == ["A", "B"] and moves  # stopped after two, and the best of them pays
     priced.clear()
-    unbounded = type(rt.policy)(replace(rt.policy.config, merge_candidates=None))
-    regroup._pool_merge(rt.placement, unbounded, "F", gid, rt.relocation.remaining_s)
+    unbounded = type(rt.state.policy)(replace(rt.state.policy.config, merge_candidates=None))
+    regroup._pool_merge(rt.state.placement, unbounded, "F", gid, rt.relocation.remaining_s)
     assert priced == ["A", "B", "C", "D", "E"]
 
 
@@ -267,14 +267,14 @@ def test_jobs_pending_together_are_admitted_together(lookahead: int) -> None:
              for name, roll, train, slo in (("a", 167, 47, 1.2), ("b", 170, 328, 1.95), ("c", 238, 549, 1.66))]
     for s in specs:
         rt.register_job(s, token_sha256="t", nonce_sha256="n" + s.name)
-    assert rt.pending() == ["a", "b", "c"]  # no node yet
+    assert rt.state.pending() == ["a", "b", "c"]  # no node yet
     for node_id, pool in (*((f"r{i}", Pool.ROLLOUT) for i in range(12)), *((f"t{i}", Pool.TRAIN) for i in range(12))):
         rt.register_node(node_id=node_id, pool=pool, gpu_type="H20" if pool is Pool.ROLLOUT else "H800", gpu_count=8,
                          host_dram_bytes=TB, nvml={})
-    for node_id in sorted(rt.nodes, key=lambda n: (n[0] == "r", int(n[1:]))):  # training nodes first: all fit
+    for node_id in sorted(rt.state.nodes, key=lambda n: (n[0] == "r", int(n[1:]))):  # training nodes first: all fit
         rt.node_connected(node_id)
-    assert rt.pending() == []
+    assert rt.state.pending() == []
     rt.check_invariants()
     optimum = optimal_partition(specs, ClusterSpec(), policy.config).usd_per_h
-    usd = rt.placement.usd_per_h
+    usd = rt.state.placement.usd_per_h
     assert usd == pytest.approx(optimum) if lookahead else usd > optimum * 1.2

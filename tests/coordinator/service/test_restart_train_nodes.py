@@ -22,27 +22,27 @@ def _c_on_its_second_training_node() -> tuple[Runtime, FakeClock]:
     for name, nt in (("a", 16), ("b", 8), ("c", 8)):
         register(rt, name, nr=8, nt=nt, slo=4.0)
     rt.remove_job("b", reason="finished")
-    assert rt.state.phase_nodes(rt.jobs["c"], Phase.TRAIN) == ("t1",)
+    assert rt.state.phase_nodes(rt.state.jobs["c"], Phase.TRAIN) == ("t1",)
     return rt, clock
 
 
 def _restart(rt: Runtime, clock: FakeClock, records: dict[str, str] | None = None) -> Runtime:
-    rt2 = Runtime.from_records(records or rt.records(), rt.cluster, rt.config, clock=clock, wall=clock)
-    for n in rt2.nodes:
+    rt2 = Runtime.from_records(records or rt.records(), rt.state.cluster, rt.state.config, clock=clock, wall=clock)
+    for n in rt2.state.nodes:
         rt2.node_connected(n)
     return rt2
 
 
 def test_a_restart_keeps_each_members_training_nodes_and_its_train_permit_names_them() -> None:
     rt, clock = _c_on_its_second_training_node()
-    before = {j: rt.state.phase_nodes(rt.jobs[j], Phase.TRAIN) for j in ("a", "c")}
+    before = {j: rt.state.phase_nodes(rt.state.jobs[j], Phase.TRAIN) for j in ("a", "c")}
     rt2 = _restart(rt, clock)
-    assert {j: rt2.state.phase_nodes(rt2.jobs[j], Phase.TRAIN) for j in ("a", "c")} == before
+    assert {j: rt2.state.phase_nodes(rt2.state.jobs[j], Phase.TRAIN) for j in ("a", "c")} == before
     pa = grant(rt2, "a")  # Rollout(0) on the rollout node a and c share
     rt2.release("a", pa.epoch, 1.0)  # a's Train(0) now holds t0 and t1
     pc = grant(rt2, "c")
     rt2.release("c", pc.epoch, 1.0)
-    assert {n: q for n, q in rt2.queues.items() if "c" in q} == {"t1": ["c"]}  # c's Train(0) waits where its ranks are
+    assert {n: q for n, q in rt2.grant_queues.queues.items() if "c" in q} == {"t1": ["c"]}  # c's Train(0) waits where its ranks are
     rt2.check_invariants()
 
 
@@ -57,6 +57,6 @@ def test_group_records_stored_without_members_training_nodes_still_load() -> Non
         records[key] = json.dumps(raw)
         assert GroupRecord.from_json(records[key]).member_train_nodes == {}
     rt2 = _restart(rt, clock, records)
-    assert set(rt2.state.phase_nodes(rt2.jobs["c"], Phase.TRAIN)) <= {"t0", "t1"}
-    assert rt2.state.phase_nodes(rt2.jobs["a"], Phase.TRAIN) == ("t0", "t1")
+    assert set(rt2.state.phase_nodes(rt2.state.jobs["c"], Phase.TRAIN)) <= {"t0", "t1"}
+    assert rt2.state.phase_nodes(rt2.state.jobs["a"], Phase.TRAIN) == ("t0", "t1")
     rt2.check_invariants()

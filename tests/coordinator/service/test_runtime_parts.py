@@ -11,7 +11,7 @@ PACKAGE = "rollmux.coordinator.service.runtime"
 VOCABULARY = ["api", "states", "records"]
 """The service's states, config, errors and stored records: what the parts share, beneath them all."""
 LAYERS = [*VOCABULARY, "state", "nodes", "learning", "grants", "leases", "migration", "directives", "admission",
-          "relocation", "stored", "facade", "__init__"]
+          "relocation", "stored", "facade", "views", "__init__"]
 """Bottom to top: a module may import only modules before it."""
 
 
