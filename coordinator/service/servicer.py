@@ -45,6 +45,7 @@ from rollmux.core.model import (
     NodeSnapshot,
     Phase,
     Revocation,
+    next_phase,
 )
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
@@ -370,9 +371,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 try:
                     permit = await core.mutate(lambda rt: rt.acquire(name, phase, iteration))
                 except OutOfOrderError:
-                    if not held:
+                    if not (held or _follows_held(core.rt.permits.get(name), phase, iteration)):
                         raise
-                    permit = None  # the previous phase is still held on other nodes: wait for them
+                    permit = None  # the previous phase is still held (here or on other nodes): its release wakes us
             asked = False
             if permit is not None and permit.state is PermitState.GRANTED:
                 await core.grant_durable(name)  # only hand out a grant the store holds
@@ -497,6 +498,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 # ----------------------------------------------------------------------------------------------
 # views
 # ----------------------------------------------------------------------------------------------
+
+
+def _follows_held(permit: PermitRecord | None, phase: Phase, iteration: int) -> bool:
+    """Whether (`phase`, `iteration`) is the phase right after the one `permit` holds: an ask that
+    came before the job's other rank released (the rollout worker asking Rollout(i+1) as the trainer
+    releases Sync(i)). It waits for that release instead of failing, so no sidecar polls for it."""
+    return (permit is not None and permit.state is PermitState.GRANTED
+            and next_phase(permit.phase, permit.iteration) == (phase, iteration))
 
 
 def job_status(rt: Runtime, name: str, ttl_s: float | None = None) -> JobInfo:
