@@ -207,6 +207,9 @@ class PermitRelay:
         """
         limit, wait_s = self.config.gpu_mem_limit_bytes, self.config.memory_wait_s
         start = time.monotonic()
+        if self.gpu.process_memory(pids) is None:  # the provider cannot tell: no process-tree walk for nothing
+            return None
+        pause = 0.002  # memory usually comes down within milliseconds of the release: poll fast, then back off
         while True:
             owner = with_descendants(pids)  # re-read each time: an engine may start or stop workers
             used = self.gpu.process_memory(list(owner))
@@ -226,7 +229,8 @@ class PermitRelay:
                     self._record("gpu_memory_not_freed", job=job, pid=h.pid, rank_pid=rank_pid,
                                  used_bytes=h.used_bytes, limit_bytes=limit, waited_s=round(waited, 3))
                 return _reading(used, pids)
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def progress(self, rank_id: str, epoch: int, finished: int, total: int, *, conn: str = "") -> Migration | None:
         """Forward rollout progress; returns the coordinator's migration directive, if any."""

@@ -21,6 +21,13 @@ Interface (plain data in, plain data out; node and job ids are strings):
 - ``usable``: nodes that may be granted at all (ready, sidecar connected); ``skip``: jobs whose turn
   is passed over (their lease lapsed or was revoked and they have not asked again; they wait for
   their next turn), so a dead job never stops the rotation.
+- ``lend``: work conservation. A free node whose turn's job does not request it (that job is busy in
+  another phase elsewhere) is lent to a request whose job is there to run it (``ready``: it asked),
+  the longest-waiting first (`PhaseRequest.since`), instead of idling until the turn's job comes
+  back. A loan does not move the turn: the job whose turn it is gets the node as soon as it asks and
+  the borrower's phase ends, so a loan delays it by at most one phase, and it still gets its turn
+  once per meta-iteration. The live coordinator lends; the simulator keeps the strict order, the
+  schedule the SLO check computes (a loan only ever runs a phase earlier than that schedule would).
 
 `GrantStep.grants` lists the grants in a deterministic order; `GrantStep.served` gives, for every
 ring whose turn moved, the job whose turn ended there (granted, or passed over): keep it, and the
@@ -75,6 +82,11 @@ class PhaseRequest:
     job: str
     nodes: tuple[str, ...]
     keeps_turn: bool = False  # the job's next phase continues on these nodes within the same turn
+    continues: bool = False  # the job's previous phase just let go of these nodes and this one follows on them
+    # (Train -> Sync): it goes first whoever's turn it is (the same turn, or the same loan, goes on)
+    ready: bool = True  # the job asked for the phase (False: queued at its previous phase's release, no ask
+    # yet); only a ready request borrows a node (`lend`)
+    since: float = 0.0  # when the job asked (s, any clock): loans go to the longest-waiting request first
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -104,8 +116,9 @@ def current_turn(ring: Ring, skip: Collection[str]) -> str | None:
 
 
 def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: Mapping[str, PhaseRequest], *,
-               usable: Collection[str], skip: Collection[str] = ()) -> GrantStep:
-    """Grant every request whose turn it is on all its nodes, all of them free and usable.
+               usable: Collection[str], skip: Collection[str] = (), lend: bool = False) -> GrantStep:
+    """Grant every request whose turn it is on all its nodes, all of them free and usable; with
+    `lend`, then every request whose other nodes' turns belong to jobs that do not request them.
 
     Turns on different nodes move independently, so waiting requests can form a cycle that no grant
     will ever break: job X's turn on node n while X waits for node m, whose turn is Y's, while Y waits
@@ -132,16 +145,20 @@ def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: 
     taken: set[str] = set()  # granted in this step
     waiting = dict(requests)
     for _ in range(1 + sum(len(r.order) for r in rings.values())):  # each pass-over moves a turn on
-        for job in sorted(waiting):
+        for job in sorted(waiting, key=lambda j: (not waiting[j].continues, j)):  # continuations first
             req = waiting[job]
-            if all(n in usable and n not in holders and n not in taken and turns.get(n, rings[n].turn) == job
+            owners = {n: turns.get(n, rings[n].turn) for n in req.nodes}
+            if all(n in usable and n not in holders and n not in taken and (owners[n] == job or req.continues)
                    for n in req.nodes):
                 grants.append(Grant(job=job, nodes=req.nodes))
                 taken.update(req.nodes)
                 del waiting[job]
                 if not req.keeps_turn:
                     for n in req.nodes:
-                        turns[n], served[n] = rings[n].after(job), job
+                        if owners[n] == job:  # a continued loan leaves the turn where it is
+                            turns[n], served[n] = rings[n].after(job), job
+        if lend:
+            _lend(rings, turns, served, holders, waiting, usable=usable, taken=taken, grants=grants)
         edge = deadlock_edge(rings, turns, holders, waiting, usable=usable, taken=taken)
         if edge is None:
             break
@@ -149,6 +166,26 @@ def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: 
         ring = Ring(order=rings[node].order, turn=rings[node].after(job))
         turns[node], served[node] = current_turn(ring, skip) or ring.turn, job
     return GrantStep(grants=tuple(grants), served=served)
+
+
+def _lend(rings: Mapping[str, Ring], turns: dict[str, str], served: dict[str, str], holders: Mapping[str, str],
+          waiting: dict[str, PhaseRequest], *, usable: Collection[str], taken: set[str], grants: list[Grant]) -> None:
+    """Grant ready waiting requests, longest-waiting first, on free usable nodes whose turn is theirs
+    or belongs to a job that does not request the node (see the module docstring). A node where it
+    was the request's own turn moves on as for any grant; a lent node keeps its turn."""
+    for job in sorted((j for j in waiting if waiting[j].ready), key=lambda j: (waiting[j].since, j)):
+        req = waiting[job]
+        owners = {n: turns.get(n, rings[n].turn) for n in req.nodes}
+        if all(n in usable and n not in holders and n not in taken
+               and (owners[n] == job or owners[n] not in waiting or n not in waiting[owners[n]].nodes)
+               for n in req.nodes):
+            grants.append(Grant(job=job, nodes=req.nodes))
+            taken.update(req.nodes)
+            del waiting[job]
+            if not req.keeps_turn:
+                for n in req.nodes:
+                    if owners[n] == job:
+                        turns[n], served[n] = rings[n].after(job), job
 
 
 def deadlock_edge(rings: Mapping[str, Ring], turns: Mapping[str, str], holders: Mapping[str, str],

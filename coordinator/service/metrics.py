@@ -51,7 +51,7 @@ def create_metrics(version: str = "0.1.0") -> Metrics:
                                  ["pool"], registry=r),
         permit_nodes_unused=Counter("rollmux_permit_nodes_unused_total",
                                     "Grants a node's sidecar got for a job with no rank on the node, by what "
-                                    "the coordinator did (released on the job's behalf, or kept)",
+                                    "the coordinator did (released on the job's behalf, kept, or taken back until the job asks)",
                                     ["outcome"], registry=r),
         grant_latency=Histogram("rollmux_grant_latency_seconds",
                                 "From the moment a permit became grantable to its durable grant",

@@ -36,6 +36,7 @@ from rollmux.core.model import (
     JobSpec,
     Node,
     Phase,
+    next_phase,
 )
 from rollmux.proto import rollmux_v1_pb2 as pb
 from rollmux.proto import rollmux_v1_pb2_grpc as pb_grpc
@@ -333,9 +334,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 try:
                     permit = await core.mutate(lambda rt: rt.acquire(name, phase, iteration))
                 except OutOfOrderError:
-                    if not held:
+                    if not (held or _follows_held(views.permit(core.rt, name), phase, iteration)):
                         raise
-                    permit = None  # the previous phase is still held on other nodes: wait for them
+                    permit = None  # the previous phase is still held (here or on other nodes): its release wakes us
             asked = False
             if permit is not None and permit.state is PermitState.GRANTED:
                 await core.grant_durable(name)  # only hand out a grant the store holds
@@ -456,6 +457,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         released = await self.core.mutate(lambda rt: rt.remove_job(name, reason="removed by operator"))
         log.info("job removed by operator", extra={"job": name})
         return pb.DeregisterJobResponse(released_nodes=released)
+
+
+def _follows_held(permit: PermitRecord | None, phase: Phase, iteration: int) -> bool:
+    """Whether (`phase`, `iteration`) is the phase right after the one `permit` holds: an ask that
+    came before the job's other rank released (the rollout worker asking Rollout(i+1) as the trainer
+    releases Sync(i)). It waits for that release instead of failing, so no sidecar polls for it."""
+    return (permit is not None and permit.state is PermitState.GRANTED
+            and next_phase(permit.phase, permit.iteration) == (phase, iteration))
 
 
 __all__ = ["CoordinatorServicer", "NodeState"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.core.model import phase_key
+from rollmux.demo.conservation import Conservation, conservation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +130,7 @@ class Summary:
     overlaps: int  # must be 0
     order_problems: int  # must be 0
     cpu_share: float  # CPU time / wall time of phase bodies in the window (1.0 = each phase had its core)
+    work: Conservation | None = None  # idle-while-runnable and handoffs in the window (rollmux.demo.conservation)
 
     @property
     def slowdown(self) -> dict[str, float]:
@@ -150,6 +152,7 @@ class Summary:
 
 
 def summarize(solo_s: dict[str, float], records: Iterable[dict[str, Any]]) -> Summary:
+    records = list(records)
     sp = spans(records)
     win = steady_window(sp)
     mux = {}
@@ -159,7 +162,7 @@ def summarize(solo_s: dict[str, float], records: Iterable[dict[str, Any]]) -> Su
     return Summary(solo_s=dict(solo_s), mux_s=mux, window_s=win[1] - win[0],
                    busy={p: busy_fraction(sp, p, win) for p in ("rollout", "train")},
                    overlaps=len(overlaps(sp)), order_problems=len(order_violations(sp)),
-                   cpu_share=cpu_share(sp, win))
+                   cpu_share=cpu_share(sp, win), work=conservation(records, win))
 
 
 def cpu_share(all_spans: Sequence[Span], window: tuple[float, float]) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmux.core.errors import RollMuxError, SpecError
+from rollmux.demo.conservation import work_json
 from rollmux.demo.launch import (
     JobKnobs,
     LaunchError,
@@ -156,6 +157,7 @@ def run_demo(cfg: DemoConfig) -> Summary:
         "bubble_fraction": {p: 1 - b for p, b in summary.busy.items()}, "steady_window_s": summary.window_s,
         "cpu_share_of_phase_bodies": summary.cpu_share,
         "loadavg": os.getloadavg(), "overlapping_phases": summary.overlaps, "order_violations": summary.order_problems,
+        **(work_json(summary.work) if summary.work is not None else {}),
         "iterations_multiplexed": iterations, "wall_s": time.monotonic() - started}, indent=2))
     console.print(summary_table(summary))
     if summary.window_s <= 0:

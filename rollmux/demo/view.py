@@ -57,4 +57,10 @@ def summary_table(s: Summary) -> Table:
     t.add_row("bubble, train core", "", f"{1 - s.busy['train']:.0%}", "")
     t.add_row("CPU share of phase bodies", "", f"{s.cpu_share:.0%}", "")
     t.add_row("overlapping phases / order violations", "", f"{s.overlaps} / {s.order_problems}", "")
+    if s.work is not None:
+        w = s.work
+        t.add_row("idle while a phase waited (share)", "", f"{w.idle_runnable_s:.2f} node-s",
+                  f"{w.idle_runnable_share:.1%}")
+        t.add_row("handoff p50 / p99 (ms)", "", f"{w.quantile_ms(0.5):.1f} / {w.quantile_ms(0.99):.1f}",
+                  f"{len(w.handoffs)}")
     return t

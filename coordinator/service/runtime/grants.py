@@ -5,7 +5,12 @@ rollout nodes, Train and Sync on the group's training nodes. On every node the g
 turns in round-robin member order (`policy.grants`, the order the SLO check and the simulator
 assume); the job each node served last is stored (``served/<node>``), its turn follows. Train keeps
 the training turn for its Sync, so nothing interleaves with a job's Train and Sync. A job whose
-lease lapsed or was revoked is passed over until it asks again. `policy.grants.grant_step` is the
+lease lapsed or was revoked is passed over until it asks again.
+
+Work conservation: a free node whose turn's job does not request it (busy in its other phase) is
+lent to the job that has waited longest among those that asked for it (``asked_at``;
+``grant_step(lend=True)``), so no node idles while a phase that may run there waits; the turn
+stays where it was. `policy.grants.grant_step` is the
 one source of that order: `step` asks it and hands its grants to the caller (`Leases`), which leases
 the nodes.
 
@@ -88,15 +93,19 @@ class GrantQueues:
             permit = state.permits.get(name)
             if permit is None:
                 continue
-            if permit.state is PermitState.QUEUED:
+            if permit.state is PermitState.QUEUED and not (permit.awaits_ask and not permit.asked_at):
                 # Train keeps the turn for its Sync; a co-located Rollout for its Train (same nodes).
                 keeps = permit.phase is Phase.TRAIN or (permit.phase is Phase.ROLLOUT and group.members[name].colocated)
+                # A Sync (a co-located Train) follows its Train (Rollout) on the nodes it just let go of,
+                # whether that phase had the turn or borrowed the nodes.
+                continues = permit.phase is Phase.SYNC or (permit.phase is Phase.TRAIN and group.members[name].colocated)
                 requests[name] = PhaseRequest(job=name, nodes=state.phase_nodes(state.jobs[name], permit.phase),
-                                              keeps_turn=keeps)
+                                              keeps_turn=keeps, continues=continues,
+                                              ready=permit.asked_at > 0, since=permit.asked_at)
             elif permit.state in PERMIT_PARKED:
                 skip.append(name)
         usable = [n for n in rings if self.liveness.usable(n)]
-        decided = grant_step(rings, holder, requests, usable=usable, skip=skip)
+        decided = grant_step(rings, holder, requests, usable=usable, skip=skip, lend=True)
         for node_id, job in decided.served.items():
             self._set_served(node_id, job)
         return decided.grants

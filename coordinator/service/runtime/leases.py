@@ -59,6 +59,8 @@ class UnusedNode(str, Enum):
 
     RELEASED = "released"  # released on the job's behalf: its ranks attached elsewhere, not there
     KEPT_NO_ATTACH_YET = "kept-no-attach-yet"  # no rank of the job attached anywhere yet: one may still come
+    TAKEN_BACK = "taken-back"  # no rank attached anywhere and the job never asked for the phase: revoked, its
+    # phase waits for the job's ask (the node is not held while the job's processes start)
     KEPT_ATTACHED = "kept-attached"  # another sidecar of the job reported a rank there meanwhile
     KEPT_NOTHING_RAN = "kept-nothing-ran"  # the permit's last node and no node released it: the lease lapses
     STALE = "stale"  # the lease ended or no longer holds the node
@@ -106,11 +108,18 @@ class Leases:
         if permit.state is PermitState.GRANTED:
             self.extend(permit)
             permit.picked = True  # the job holds this grant now (a relocation may no longer take it back)
+            permit.asked_at = permit.asked_at or state.clock()
         elif permit.state in PERMIT_PARKED:
             transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=state.wall(), reason="asked again")
             state.touch(f"permit/{name}", permit)
             self._enqueue(permit)
+            permit.asked_at = state.clock()
             self.grant_waiting(state.phase_nodes(job, phase))
+        elif permit.state is PermitState.QUEUED and not permit.asked_at:
+            permit.asked_at = state.clock()  # a request from now (memory only: nothing to store)
+            self.grant_waiting(state.phase_nodes(job, phase))
+        if permit.state is PermitState.GRANTED:
+            permit.picked = True  # granted to this ask (here or earlier): the caller gets it
         return permit
 
     def _enqueue(self, permit: PermitRecord) -> None:
@@ -121,6 +130,7 @@ class Leases:
         """Store `permit` and let it wait from now (a relocated job's next phase, on its new nodes)."""
         self.state.touch(f"permit/{permit.job}", permit)
         self._enqueue(permit)
+        permit.asked_at = 0.0  # granted once its job asks on the new nodes
 
     def parked(self) -> set[str]:
         """Jobs whose lease lapsed or was revoked: passed over until they ask again."""
@@ -258,6 +268,12 @@ class Leases:
                 or node_id not in permit.nodes):
             return UnusedNode.STALE
         if not job.attach_nodes:
+            # Granted before the job ever asked, on its one node: do not hold the node while the job starts.
+            # (A multi-node permit stays: its ranks attach node by node, and a node released on the job's
+            # behalf before its rank came could not be given back to the same phase.)
+            if not permit.asked_at and len(permit.nodes) == 1 and not permit.freed_nodes:
+                self._await_ask(permit)
+                return UnusedNode.TAKEN_BACK
             return UnusedNode.KEPT_NO_ATTACH_YET
         if node_id in job.attach_nodes:
             return UnusedNode.KEPT_ATTACHED
@@ -265,6 +281,15 @@ class Leases:
             return UnusedNode.KEPT_NOTHING_RAN
         self.release(name, epoch, 0.0, node_id=node_id)
         return UnusedNode.RELEASED
+
+    def _await_ask(self, permit: PermitRecord) -> None:
+        """Revoke a grant no ask was answered with (fenced by its epoch) and queue its phase again,
+        granted only once the job asks for it; the freed nodes go to the phases waiting for them."""
+        freed = permit.nodes
+        self.take_back(permit, "granted before the job asked, no rank attached", requeued="waits for its ask")
+        permit.awaits_ask = True
+        self.state.touch(f"permit/{permit.job}", permit)
+        self.grant_waiting(freed)
 
     def _release_node(self, permit: PermitRecord, node_id: str, duration_s: float) -> None:
         """One node of a lease that goes on released: free it alone, hand it to the phases waiting for it."""
@@ -293,8 +318,19 @@ class Leases:
         state.permits[name] = nxt
         state.touch(f"permit/{name}", nxt)
         self._enqueue(nxt)
+        if self._continues_turn(job, permit.phase):
+            nxt.asked_at = nxt.queued_at  # the phase follows at once on the same nodes: no ask awaited
+        state.notify(Notice(kind=NoticeKind.JOB, job=name))  # an ask that came early waits for this
         self.grant_waiting(list(freed) + list(state.phase_nodes(job, phase)))
         return ReleaseResult(next_phase=phase, next_iteration=it, already_released=False)
+
+    def _continues_turn(self, job: JobRecord, ended: Phase) -> bool:
+        """Whether the phase after `ended` keeps the turn `ended` held (Train -> Sync; a co-located
+        Rollout -> its Train): it is a request as soon as it is queued."""
+        if ended is Phase.TRAIN:
+            return True
+        member = self.state.placement.groups[job.group_id].members.get(job.name) if job.group_id else None
+        return ended is Phase.ROLLOUT and member is not None and member.colocated
 
     def _estimates(self, permit: PermitRecord, duration_s: float) -> tuple[float, float]:
         """The job's (rollout, train) time estimates with the released phase's duration folded in."""
@@ -393,7 +429,7 @@ class Leases:
         transition(permit, PERMIT_TRANSITIONS, PermitState.CANCELLED, now=self.state.wall(), reason=reason)
         self.state.forget(f"permit/{name}")
 
-    def take_back(self, permit: PermitRecord, reason: str) -> None:
+    def take_back(self, permit: PermitRecord, reason: str, *, requeued: str = "relocated") -> None:
         """A grant made but never picked up is revoked and its phase queued again (a relocation
         switches the job at this boundary). No-op for a permit not GRANTED."""
         if permit.state is not PermitState.GRANTED:
@@ -403,8 +439,8 @@ class Leases:
         self.state.notify(Notice(kind=NoticeKind.REVOKED, job=permit.job, nodes=permit.nodes, epoch=permit.epoch,
                                  reason=reason))
         transition(permit, PERMIT_TRANSITIONS, PermitState.REVOKED, now=self.state.wall(), reason=reason)
-        transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.state.wall(), reason="relocated")
-        permit.nodes = ()
+        transition(permit, PERMIT_TRANSITIONS, PermitState.QUEUED, now=self.state.wall(), reason=requeued)
+        permit.nodes, permit.asked_at = (), 0.0
 
     def restore(self, permits: dict[str, PermitRecord]) -> None:
         """Load stored permits (coordinator restart): every one waits from now; a held lease restarts
@@ -415,6 +451,7 @@ class Leases:
         now = state.clock()
         for p in state.permits.values():
             p.queued_at = now
+            p.asked_at = 0.0  # asks to the previous leader are lost: a job that waits asks again (and borrows)
             if p.state is PermitState.GRANTED:
                 p.expires_at = dict.fromkeys(p.nodes, now + state.config.lease_ttl_s)
                 p.picked = True

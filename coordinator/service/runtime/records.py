@@ -152,6 +152,10 @@ class PermitRecord:
     queued_at: float = 0.0
     grantable_at: float = 0.0  # when the last needed node became free (grant latency starts here)
     picked: bool = True  # the job has been handed this grant (False: granted, no ask answered with it yet)
+    asked_at: float = 0.0  # QUEUED: when the job asked for the phase (0: not yet); only an asked phase borrows a
+    # node whose turn is another job's (grants.GrantQueues); after a reload a phase counts once asked again
+    awaits_ask: bool = False  # a grant made before the job's processes were there was taken back: the phase is
+    # granted only once asked (Leases.grant_without_rank)
 
     def describe(self) -> str:
         return f"permit {self.job} {self.phase.value}({self.iteration}) epoch {self.epoch}"

@@ -1,8 +1,9 @@
 """Real veRL 0.9.1 GRPO jobs (v1 sync and legacy RayPPOTrainer) multiplexed on the CPU harness against
 a real coordinator (Redis, bootstrap secret) and real sidecars (``--secret-file``), compared with the
 same jobs run alone with the variable unset. The jobs get no token: they register through the node's
-sidecar. A third opted-in job is SIGKILLed while it holds a node. The opted-in trainers wait at ``fit()``
-until all three got there (once, legacyjob ran both its steps before v1job asked its first permit).
+sidecar. A third opted-in job is SIGKILLed while it holds a node. The opted-in trainers wait before their
+first phase until all three got there (once, legacyjob ran both its steps before v1job asked its first
+permit); no job may hold a node while it waits there, or the others never reach the gate.
 One module-scoped run; every test asserts on its logs."""
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def runs(verl_workspace: tuple[Path, Path]) -> dict:
                            start_file=root / "mux" / "go")  # first phases together: start-up times vary a lot
         left = [j.job for j in cluster.client.cluster_state().jobs]
         events = read_jsonl(cluster.events)
-    yield {"root": root, "solo": solo, "mux": mux, "events": events, "left": left, "watch": watch,
+        go_at = (root / "mux" / "go").stat().st_mtime if (root / "mux" / "go").exists() else None
+    yield {"root": root, "solo": solo, "mux": mux, "go_at": go_at, "events": events, "left": left, "watch": watch,
            "tokens": issued, "jobs": [*solo_jobs, *pair, victim]}
     for j in (*solo_jobs, *pair, victim):
         shutil.rmtree(j.ray_tmp(), ignore_errors=True)
@@ -99,6 +101,9 @@ def runs(verl_workspace: tuple[Path, Path]) -> dict:
 def test_both_jobs_finish_interleaved_with_mutual_exclusion_and_on_policy_order(runs: dict) -> None:
     assert {n: f.rc for n, f in runs["mux"].items() if n != VICTIM} == {"v1job": 0, "legacyjob": 0}
     sp = spans(runs["events"])
+    assert runs["go_at"] is not None, "the start gate never opened"
+    early = [(s.job, s.phase, s.iteration) for s in sp if s.start < runs["go_at"]]
+    assert not early, f"a phase began before the start gate opened (a job held a node while it waited): {early}"
     assert not overlaps(sp), overlaps(sp)
     assert not order_violations(sp), order_violations(sp)
     for name in ("v1job", "legacyjob"):

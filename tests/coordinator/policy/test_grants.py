@@ -166,3 +166,48 @@ def test_the_run_through_the_grant_step_is_the_schedule_the_slo_check_assumes(
     assert key(run) == key(model)
     assert run.makespan_s == pytest.approx(model.makespan_s)
     assert run.periods_s == pytest.approx(model.periods_s)
+
+
+def req(job: str, *nodes: str, ready: bool = True, since: float = 0.0) -> PhaseRequest:
+    return PhaseRequest(job=job, nodes=nodes, ready=ready, since=since)
+
+
+@pytest.mark.parametrize(("requests", "holders", "granted", "served"), [
+    pytest.param([req("b", "t")], {}, [("b", ("t",))], {},
+                 id="turn's job elsewhere: the node is lent, the turn stays"),
+    pytest.param([req("a", "t", ready=False), req("b", "t")], {}, [("a", ("t",))], {"t": "a"},
+                 id="turn's job requests the node: its turn, no loan"),
+    pytest.param([req("b", "t", ready=False)], {}, [], {},
+                 id="a request not asked for yet borrows nothing"),
+    pytest.param([req("b", "t", since=2.0), req("c", "t", since=1.0)], {}, [("c", ("t",))], {},
+                 id="longest-waiting borrower first"),
+    pytest.param([req("b", "t")], {"t": "c"}, [], {}, id="a held node is not lent"),
+    pytest.param([req("a", "t", "u"), req("b", "t")], {"u": "z"}, [], {},
+                 id="a node where the turn's job waits (for another node too) is not lent"),
+])
+def test_lending_a_node_whose_turn_job_does_not_request_it(requests, holders, granted, served) -> None:  # noqa: ANN001
+    rings = {"t": Ring(order=("a", "b", "c"), turn="a"), "u": Ring(order=("a", "z"), turn="a")}
+    asks = {r.job: r for r in requests}
+    step = grant_step(rings, holders, asks, usable={"t", "u"}, lend=True)
+    assert [(g.job, g.nodes) for g in step.grants] == granted
+    assert step.served == served
+    strict = grant_step(rings, holders, asks, usable={"t", "u"})  # without lending: the turn alone
+    assert all(g.job == "a" for g in strict.grants)
+
+
+def test_a_loan_keeps_the_turn_so_the_turn_job_goes_next() -> None:
+    rings = {"t": Ring(order=("a", "b"), turn="a")}
+    lent = grant_step(rings, {}, {"b": req("b", "t")}, usable={"t"}, lend=True)
+    assert [g.job for g in lent.grants] == ["b"] and lent.served == {}
+    back = grant_step(rings, {}, {"a": req("a", "t", since=5.0), "b": req("b", "t", since=1.0)}, usable={"t"},
+                      lend=True)
+    assert [g.job for g in back.grants] == ["a"] and back.served == {"t": "a"}
+
+
+def test_a_borrowed_train_keeps_its_nodes_for_its_sync_and_the_turn_stays() -> None:
+    rings = {"t": Ring(order=("a", "b"), turn="a")}
+    train = PhaseRequest(job="b", nodes=("t",), keeps_turn=True, since=1.0)
+    assert [g.job for g in grant_step(rings, {}, {"b": train}, usable={"t"}, lend=True).grants] == ["b"]
+    sync = PhaseRequest(job="b", nodes=("t",), continues=True, since=2.0)
+    step = grant_step(rings, {}, {"a": req("a", "t", since=1.5), "b": sync}, usable={"t"}, lend=True)
+    assert [g.job for g in step.grants] == ["b"] and step.served == {}  # a asked meanwhile: it goes next

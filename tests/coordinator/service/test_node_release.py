@@ -331,3 +331,30 @@ def test_pinned_options_are_joins_of_the_attach_nodes_groups_then_new_groups_che
     assert any(d.group_id is None for d in opts)
     elsewhere = pinned_options(rt.state.policy, job, rt.state.placement, ("r3",))  # a node in no group
     assert elsewhere and all(d.group_id is None for d in elsewhere)
+
+
+def test_a_grant_no_ask_was_answered_with_is_taken_back_when_the_job_has_no_rank_anywhere() -> None:
+    from rollmux.coordinator.service.runtime.leases import UnusedNode
+
+    rt, _ = make_runtime()
+    register(rt, "a")
+    first = rt.state.permits["a"]  # granted at admission, before a's processes asked
+    assert first.state is PermitState.GRANTED and not first.picked and len(first.nodes) == 1
+    (node,) = first.nodes
+    epoch = first.epoch
+    assert rt.grant_without_rank(node, "a", epoch) is UnusedNode.TAKEN_BACK
+    assert rt.state.permits["a"].state is PermitState.QUEUED and node not in rt.leases.holder  # not granted until a asks
+    rt.check_invariants()
+    p = rt.acquire("a", Phase.ROLLOUT, 0)
+    assert p is not None and p.state is PermitState.GRANTED and p.epoch > epoch and p.nodes == (node,)
+    assert rt.grant_without_rank(node, "a", p.epoch) is UnusedNode.KEPT_NO_ATTACH_YET  # asked: its rank may come
+
+
+def test_a_multi_node_grant_is_kept_for_ranks_that_attach_node_by_node() -> None:
+    from rollmux.coordinator.service.runtime.leases import UnusedNode
+
+    rt, _ = make_runtime()
+    shared, _other = two_node_rollout(rt)
+    pa = rt.state.permits["a"]
+    assert pa.state is PermitState.GRANTED and not pa.picked and len(pa.nodes) == 2
+    assert rt.grant_without_rank(shared, "a", pa.epoch) is UnusedNode.KEPT_NO_ATTACH_YET

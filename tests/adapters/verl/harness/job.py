@@ -23,7 +23,7 @@ REPO = HARNESS.parents[3]
 
 
 START_FILE = "RMX_START_FILE"
-"""With it set, the trainer waits at ``fit()`` until that file exists (``rollmux_verl_cpu._start_gate``)."""
+"""With it set, the trainer waits before its first phase until that file exists (``rollmux_verl_cpu._start_gate``)."""
 STEP_GATE = "RMX_STEP_GATE"
 """With it set (a folder), the trainer pauses after each step k until ``go-{k+1}`` exists there
 (``rollmux_verl_cpu._step_gate``)."""

@@ -15,8 +15,9 @@ The events this module sees (server init / sleep / wake / load_weights and the w
 pid and, on the multi-node cluster of ``tests/multinode``, the node label) go to the JSON-lines file named
 by ``RMX_HARNESS_EVENTS`` when set, for the tests' process checks. The ``hf_cpu`` server is a GPU process
 of the job: it attaches as a rank on its node's sidecar, as the adapter makes veRL's vLLM server one. With ``RMX_START_FILE`` set,
-the trainer's ``fit()`` records a ``start_gate`` event and waits for that file, so that the tests can
-start several jobs' first phases together (test control, not a GPU stand-in). Two more test controls,
+the trainer records a ``start_gate`` event before its first phase (the legacy trainer at ``fit()``, the v1
+trainer before its initial weight push) and waits for that file, so that the tests can start several
+jobs' first phases together (test control, not a GPU stand-in). Two more test controls,
 for ``benchmarks/verl_cpu.py``, the same in unset and opted-in jobs: with ``RMX_STEP_GATE`` (a folder)
 the driver pauses after each step until the benchmark lets it go on (:func:`_step_gate`); with
 ``RMX_REPLAY_POLL_S`` the v1 ``ReplayBuffer`` polls for finished rollouts every that many seconds
@@ -267,30 +268,53 @@ def _replace(module_name: str, cls_name: str, attr: str, wrap: Any) -> None:
     when_imported(module_name, hook)
 
 
-def _start_gate() -> None:
-    """Hold both trainers' ``fit()`` until the file named by ``RMX_START_FILE`` exists (if set).
+def _wait_start(path: str, trainer: str) -> None:
+    """Record a ``start_gate`` event and wait until `path` exists (at most ``START_WAIT_S``)."""
+    event("start_gate", trainer=trainer)
+    deadline = time.monotonic() + START_WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
-    The RollMux adapter's own ``fit`` patch, installed later, wraps this one, and no permit is asked
-    before ``fit()``."""
+
+def _start_gate() -> None:
+    """Hold each trainer before its first phase until the file named by ``RMX_START_FILE`` exists (if set).
+
+    The gate must come before the job's first permit: a job waiting there while it holds a node would
+    keep every other job of its node from reaching the gate (each waits for the node), and the gate,
+    waiting for them all, would never open. The legacy ``RayPPOTrainer`` asks for nothing before
+    ``fit()`` (the adapter's own ``fit`` patch, installed later, wraps this one), so it waits there. The
+    v1 ``PPOTrainer`` pushes its initial weights at the end of ``init()`` (``on_init_end``: the sync
+    trainer's ``update_weights``, which opens Rollout(0)), so it waits right before that push, once its
+    workers and servers are built."""
     path = os.environ.get(START_FILE)
     if not path:
         return
 
-    def gated(cls_name: str) -> Any:
-        def wrap(fit: Any) -> Any:
-            def gated_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-                event("start_gate", trainer=cls_name)
-                deadline = time.monotonic() + START_WAIT_S
-                while not os.path.exists(path) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                return fit(self, *args, **kwargs)
+    def gated_fit(fit: Any) -> Any:
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _wait_start(path, "RayPPOTrainer")
+            return fit(self, *args, **kwargs)
 
-            return gated_fit
+        return wrapped
 
-        return wrap
+    def gated_init(init: Any) -> Any:
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            push = self.on_init_end  # the trainer mode's own hook (an instance attribute shadows it for init)
 
-    _replace("verl.trainer.ppo.ray_trainer", "RayPPOTrainer", "fit", gated("RayPPOTrainer"))
-    _replace("verl.trainer.ppo.v1.trainer_base", "PPOTrainer", "fit", gated("PPOTrainer"))
+            def gated_push() -> Any:
+                _wait_start(path, "PPOTrainer")
+                return push()
+
+            self.on_init_end = gated_push
+            try:
+                return init(self, *args, **kwargs)
+            finally:
+                del self.on_init_end
+
+        return wrapped
+
+    _replace("verl.trainer.ppo.ray_trainer", "RayPPOTrainer", "fit", gated_fit)
+    _replace("verl.trainer.ppo.v1.trainer_base", "PPOTrainer", "init", gated_init)
 
 
 def _step_gate() -> None:

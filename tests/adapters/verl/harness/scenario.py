@@ -41,8 +41,8 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
     """Start every job at once (each with its opt-in variables, or none) and wait for all; `watch` is
     called with the running processes about twice a second.
 
-    With `start_file`, every trainer waits at ``fit()`` (``rollmux_verl_cpu._start_gate``) until every job
-    still running got there, so their first phases start together: start-up alone varies by tens of
+    With `start_file`, every trainer waits before its first phase (``rollmux_verl_cpu._start_gate``) until
+    every job still running got there, so their first phases start together: start-up alone varies by tens of
     seconds between two jobs on a loaded box, more than a whole 2-step run. A job that exited (the
     killed victim, a failure) is not waited for; it used to open the gate for all, so a job still
     starting up could find the others done (legacyjob ran both steps before v1job's first permit)."""
@@ -59,7 +59,7 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
                     out[name] = Finished(job=j, rc=p.returncode, wall_s=time.monotonic() - t0)
             if start_file is not None and not start_file.exists() and \
                     all(at_start_gate(j) for name, (j, _) in procs.items() if name not in out):
-                start_file.touch()  # every job still running waits at fit() (one that exited waits for nobody)
+                start_file.touch()  # every job still running waits at its gate (one that exited waits for nobody)
             if watch is not None:
                 watch({n: p for n, (_, p) in procs.items() if n not in out})
             time.sleep(0.5)
@@ -71,7 +71,7 @@ def run(jobs: Sequence[tuple[VerlJob, dict[str, str] | None]], *, timeout_s: flo
 
 
 def at_start_gate(job: VerlJob) -> bool:
-    """True once the job's trainer waits at ``fit()`` for its start file (it recorded a ``start_gate`` event)."""
+    """True once the job's trainer waits at its start gate for its start file (it recorded a ``start_gate`` event)."""
     from job import read_jsonl
 
     path = job.workdir / "harness.jsonl"
