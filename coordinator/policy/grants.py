@@ -150,13 +150,7 @@ def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: 
             owners = {n: turns.get(n, rings[n].turn) for n in req.nodes}
             if all(n in usable and n not in holders and n not in taken and (owners[n] == job or req.continues)
                    for n in req.nodes):
-                grants.append(Grant(job=job, nodes=req.nodes))
-                taken.update(req.nodes)
-                del waiting[job]
-                if not req.keeps_turn:
-                    for n in req.nodes:
-                        if owners[n] == job:  # a continued loan leaves the turn where it is
-                            turns[n], served[n] = rings[n].after(job), job
+                _grant(job, owners, rings, turns, served, waiting, taken=taken, grants=grants)
         if lend:
             _lend(rings, turns, served, holders, waiting, usable=usable, taken=taken, grants=grants)
         edge = deadlock_edge(rings, turns, holders, waiting, usable=usable, taken=taken)
@@ -166,6 +160,19 @@ def grant_step(rings: Mapping[str, Ring], holders: Mapping[str, str], requests: 
         ring = Ring(order=rings[node].order, turn=rings[node].after(job))
         turns[node], served[node] = current_turn(ring, skip) or ring.turn, job
     return GrantStep(grants=tuple(grants), served=served)
+
+
+def _grant(job: str, owners: Mapping[str, str], rings: Mapping[str, Ring], turns: dict[str, str],
+           served: dict[str, str], waiting: dict[str, PhaseRequest], *, taken: set[str], grants: list[Grant]) -> None:
+    """Grant `job`'s waiting request; each of its nodes where it was the job's own turn moves the turn on
+    (a continued loan or a lent node leaves the turn where it is)."""
+    req = waiting.pop(job)
+    grants.append(Grant(job=job, nodes=req.nodes))
+    taken.update(req.nodes)
+    if not req.keeps_turn:
+        for n in req.nodes:
+            if owners[n] == job:
+                turns[n], served[n] = rings[n].after(job), job
 
 
 def _lend(rings: Mapping[str, Ring], turns: dict[str, str], served: dict[str, str], holders: Mapping[str, str],
@@ -179,13 +186,7 @@ def _lend(rings: Mapping[str, Ring], turns: dict[str, str], served: dict[str, st
         if all(n in usable and n not in holders and n not in taken
                and (owners[n] == job or owners[n] not in waiting or n not in waiting[owners[n]].nodes)
                for n in req.nodes):
-            grants.append(Grant(job=job, nodes=req.nodes))
-            taken.update(req.nodes)
-            del waiting[job]
-            if not req.keeps_turn:
-                for n in req.nodes:
-                    if owners[n] == job:
-                        turns[n], served[n] = rings[n].after(job), job
+            _grant(job, owners, rings, turns, served, waiting, taken=taken, grants=grants)
 
 
 def deadlock_edge(rings: Mapping[str, Ring], turns: Mapping[str, str], holders: Mapping[str, str],
